@@ -1,0 +1,112 @@
+"""The ``mmrl`` command line.
+
+    mmrl train CONFIG --output-dir DIR [--max-steps N] [--resume] [key=value ...]
+    mmrl sft CONFIG --output-dir DIR [key=value ...]
+    mmrl reward NAME ...            (see ``mmrl reward --help``)
+    mmrl build-tiny [--out DIR] [--seed N]
+    mmrl info
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from mmrl.config import load_config
+    from mmrl.report import write_report
+    from mmrl.trainer import Trainer
+
+    overrides = list(args.overrides)
+    if args.max_steps is not None:
+        overrides.append(f"train.max_steps={args.max_steps}")
+    cfg = load_config(args.config, overrides)
+    trainer = Trainer(cfg, args.output_dir, resume=args.resume)
+    trainer.fit()
+    summary = write_report(args.output_dir)
+    if "start_accuracy" in summary:
+        print(f"held-out accuracy: start {summary['start_accuracy']:.3f} -> final {summary['final_accuracy']:.3f}")
+    print(f"report: {os.path.join(args.output_dir, 'report.md')}  plot: {summary['plot']}")
+    return 0
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from mmrl.config import load_config
+    from mmrl.sft import run_sft
+
+    cfg = load_config(args.config, list(args.overrides))
+    path = run_sft(cfg, args.output_dir)
+    print(f"saved warm-started model: {path}")
+    return 0
+
+
+def _cmd_build_tiny(args: argparse.Namespace) -> int:
+    from mmrl.tiny import build_tiny
+
+    print(f"built {build_tiny(args.out, seed=args.seed)}")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import importlib.metadata as md
+    import platform
+    import shutil
+
+    print(f"mmrl {md.version('mmrl')}  python {platform.python_version()}")
+    for pkg in ("torch", "transformers", "accelerate", "qwen-vl-utils", "vllm", "decord", "playwright", "math-verify"):
+        try:
+            print(f"  {pkg:14s} {md.version(pkg)}")
+        except md.PackageNotFoundError:
+            print(f"  {pkg:14s} not installed")
+    import torch
+
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    print(f"  GPU            {', '.join(gpus) if gpus else 'none (CPU only)'}")
+    for tool in ("pdflatex", "pdftoppm", "chromium"):
+        print(f"  {tool:14s} {shutil.which(tool) or 'missing'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mmrl import reward_cli
+
+    p = argparse.ArgumentParser(prog="mmrl", description="RL post-training for vision-language models")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a policy with a recipe config")
+    t.add_argument("config")
+    t.add_argument("--output-dir", required=True)
+    t.add_argument("--max-steps", type=int)
+    t.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in DIR")
+    t.add_argument("overrides", nargs="*", help="config overrides: key.sub=value")
+    t.set_defaults(fn=_cmd_train)
+    s = sub.add_parser("sft", help="supervised warm start on a recipe's records")
+    s.add_argument("config")
+    s.add_argument("--output-dir", required=True)
+    s.add_argument("overrides", nargs="*")
+    s.set_defaults(fn=_cmd_sft)
+    b = sub.add_parser("build-tiny", help="build the bundled tiny Qwen2.5-VL model")
+    b.add_argument("--out", default="assets/tiny-qwen2.5-vl")
+    b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(fn=_cmd_build_tiny)
+    i = sub.add_parser("info", help="versions, GPU, TeX and Chromium")
+    i.set_defaults(fn=_cmd_info)
+    reward_cli.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mmrl.config import ConfigError
+    from mmrl.data import DataError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except (ConfigError, DataError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""Typed configuration: dataclasses loaded from YAML plus ``key.sub=value`` overrides.
+
+Every field carries its help text once (``help(...)``). Unknown keys are errors that name the key and the nearest
+valid one; values are checked against the field's type before anything heavy is built. Reward-specific options live
+under each reward's own ``options`` mapping (validated by the reward's signature), never at the top level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def opt(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasses.MISSING) -> Any:
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"help": text})
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class ModelConfig:
+    path: str = opt("HF model folder or hub id (loaded with from_pretrained)", "assets/tiny-qwen2.5-vl")
+    dtype: Literal["float32", "bfloat16", "float16"] = opt("parameter dtype", "float32")
+    device: str = opt("'auto' (cuda if present, else cpu), 'cpu', 'cuda', 'cuda:1', ...", "auto")
+    attn_implementation: str | None = opt("'sdpa', 'eager', 'flash_attention_2' or None for the default", None)
+    gradient_checkpointing: bool = opt("recompute activations in the backward pass to save memory", False)
+    min_pixels: int = opt("smallest image size in pixels after smart_resize", 4 * 28 * 28)
+    max_pixels: int = opt("largest image size in pixels after smart_resize", 256 * 28 * 28)
+    video_max_pixels: int = opt("largest video frame size in pixels", 64 * 28 * 28)
+    video_fps: float = opt("frames per second sampled from videos", 2.0)
+    video_max_frames: int = opt("most frames taken from one video", 16)
+    freeze_vision: bool = opt("keep the vision tower's weights fixed", False)
+
+
+@dataclass
+class DataConfig:
+    train: str = opt("training records: .jsonl, .parquet or a saved HF dataset folder", "")
+    eval: str | None = opt("held-out records for evaluation during training", None)
+    on_bad_record: Literal["error", "skip"] = opt(
+        "a record that fails validation stops the run ('error') or is listed in skipped.jsonl ('skip')", "error"
+    )
+    system_prompt: str | None = opt("system message prepended to records that have none", None)
+    builder: str | None = opt(
+        "'module:function' that writes the records into data.train's folder when data.train does not exist", None
+    )
+    check_media: bool = opt("open every image/video header while loading to catch bad files early", True)
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = opt("rollout engine name (registered): 'hf'", "hf")
+    n: int = opt("responses per prompt (the group size G)", 8)
+    temperature: float = opt("sampling temperature; log-probs are of logits / temperature", 1.0)
+    top_p: float = opt("nucleus sampling threshold", 1.0)
+    top_k: int = opt("top-k sampling (0 = off)", 0)
+    max_new_tokens: int = opt("longest response in tokens; longer ones end with finish_reason 'length'", 64)
+    batch_size: int = opt("prompts generated together in one engine call", 16)
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = opt("advantage function (registered): grpo, drgrpo", "grpo")
+    loss: str = opt("policy loss (registered): clipped", "clipped")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = opt(
+        "how token losses become one number (ALGORITHMS.md §1)", "token-mean"
+    )
+    loss_agg_constant: float | None = opt("divisor for seq-mean-token-sum (Dr. GRPO); None = max_new_tokens", None)
+    clip_low: float = opt("epsilon_low of the clipped ratio", 0.2)
+    clip_high: float = opt("epsilon_high of the clipped ratio (DAPO uses 0.28)", 0.2)
+    dual_clip: float | None = opt("dual-clip constant c for negative advantages (None = off)", 3.0)
+    kl_coef: float = opt("beta of the k3 KL to the frozen reference model (0 = no reference model)", 0.0)
+    epochs: int = opt("policy updates over each rollout batch (old log-probs fixed)", 1)
+    mini_batches: int = opt("optimizer steps per epoch over the rollout batch", 1)
+    old_logprobs: Literal["rollout", "recompute"] = opt(
+        "take pi_old from the rollout engine or recompute it with a training forward", "rollout"
+    )
+    adv_eps: float = opt("eps in (r - mean) / (std + eps)", 1e-6)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = opt("AdamW learning rate", 1e-6)
+    weight_decay: float = opt("AdamW weight decay", 0.0)
+    betas: tuple[float, float] = opt("AdamW betas", (0.9, 0.999))
+    grad_clip: float = opt("max global gradient norm (0 = off)", 1.0)
+    warmup_steps: int = opt("linear warm-up steps", 0)
+    scheduler: Literal["constant", "linear", "cosine"] = opt("learning-rate schedule after warm-up", "constant")
+    micro_batch_size: int = opt("sequences per forward/backward (gradient accumulation inside a mini-batch)", 16)
+
+
+@dataclass
+class SamplerConfig:
+    name: str = opt("prompt sampler (registered): uniform", "uniform")
+    options: dict[str, Any] = opt("sampler options", factory=dict)
+
+
+@dataclass
+class RewardEntry:
+    name: str = opt("registered reward name or path/to/file.py:function", "")
+    weight: float = opt("weight in the composite reward", 1.0)
+    options: dict[str, Any] = opt("the reward's own options", factory=dict)
+
+
+@dataclass
+class EvalConfig:
+    every: int = opt("evaluate every N steps (0 = only at start and end)", 0)
+    max_samples: int = opt("held-out records scored per evaluation", 200)
+    temperature: float = opt("0 = greedy decoding", 0.0)
+    max_new_tokens: int | None = opt("None = rollout.max_new_tokens", None)
+    success_threshold: float = opt("a held-out response counts as correct when its reward is at least this", 1.0)
+
+
+@dataclass
+class TrainConfig:
+    seed: int = opt("seed for data order, sampling and initialisation", 0)
+    prompts_per_step: int = opt("prompts per training step (each gets rollout.n responses)", 16)
+    max_steps: int = opt("training steps", 100)
+    save_every: int = opt("checkpoint every N steps (0 = only at the end)", 0)
+    keep_checkpoints: int = opt("most recent checkpoints kept (0 = all)", 2)
+    tensorboard: bool = opt("also write TensorBoard event files", False)
+    progress: bool = opt("show a rich progress bar", True)
+    reward_workers: int = opt("worker processes for heavy (rendering) rewards", 2)
+    reward_timeout_s: float = opt("per-item timeout of a heavy reward", 30.0)
+
+
+@dataclass
+class SFTConfig:
+    lr: float = opt("AdamW learning rate for the supervised warm start", 1e-3)
+    steps: int = opt("optimizer steps", 200)
+    batch_size: int = opt("records per step", 16)
+    max_records: int | None = opt("use only the first N training records (None = all)", None)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    rewards: list[RewardEntry] = field(default_factory=list)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; build nested dataclasses; return the typed value."""
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where}: bad value {value!r}")
+    if origin is Literal:
+        if value not in args:
+            near = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}{hint}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return from_dict(tp, value, prefix=where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"{where}: expected {len(args)} values, got {len(value)}")
+            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        item = args[0] if args else Any
+        out = [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is bool and not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if tp in (str, float) and not isinstance(value, tp):
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        where = f"{prefix}.{key}" if prefix else key
+        if key not in names:
+            near = difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+            hint = f"; did you mean '{(prefix + '.' if prefix else '') + near[0]}'?" if near else ""
+            raise ConfigError(f"unknown config key '{where}'{hint} (valid here: {', '.join(names)})")
+        kwargs[key] = _coerce(value, hints[key], where)
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    def conv(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [conv(x) for x in v]
+        return v
+
+    return conv(cfg)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` strings (value parsed as YAML) to a nested dict; list items by index: ``rewards.0.weight=2``."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw != "" else ""
+        node: Any = data
+        parts = key.split(".")
+        for p in parts[:-1]:
+            if isinstance(node, list):
+                node = node[int(p)]
+            else:
+                node = node.setdefault(p, {})
+        if isinstance(node, list):
+            node[int(parts[-1])] = value
+        else:
+            node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        data = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping")
+        base = p.resolve().parent
+        data = _resolve_paths(data, base)
+    data = apply_overrides(data, list(overrides or []))
+    return from_dict(Config, data)
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    """Paths in a recipe are relative to the recipe file, unless they exist relative to the working directory."""
+    for section, key in (("data", "train"), ("data", "eval"), ("model", "path")):
+        v = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
+        if isinstance(v, str) and v and not Path(v).is_absolute() and not Path(v).exists():
+            cand = base / v
+            if cand.exists() or section == "data":
+                data[section][key] = str(cand)
+    return data

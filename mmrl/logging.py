@@ -1,0 +1,51 @@
+"""Metrics sinks: ``metrics.jsonl`` (appended, one object per step, never truncated) and optional TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLogger:
+    def __init__(self, output_dir: Path, tensorboard: bool = False):
+        self.path = output_dir / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(output_dir / "tensorboard"))
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+            f.flush()
+        if self.tb is not None:
+            step = int(metrics["step"])
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and k != "step" and v is not None:
+                    self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All rows of a metrics.jsonl; where a resumed run logged a step twice, the later row wins."""
+    rows: dict[int, dict[str, Any]] = {}
+    extra: list[dict[str, Any]] = []
+    if not path.exists():
+        return []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            if "step" in r:
+                rows[int(r["step"])] = r
+            else:
+                extra.append(r)
+    return [rows[k] for k in sorted(rows)] + extra
