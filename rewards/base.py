@@ -1,0 +1,253 @@
+"""Reward API: a reward is a registered batch function.
+
+    @register_reward("my_reward")
+    def my_reward(batch: list[RewardInput], *, option_a: float = 1.0) -> list[RewardResult]: ...
+
+Options are keyword-only arguments with defaults; a recipe passes them per reward (never through the global config)
+and :func:`validate_options` checks them against the signature before anything runs. ``heavy=True`` marks rewards
+that render (LaTeX, HTML): the composite runs them in its worker-process pool.
+
+:func:`load_reward` accepts a registered name or a user's own ``path/to/file.py:function``; the function there may be
+decorated with :func:`register_reward` (its name and ``heavy`` flag are then used) or be a plain batch function with
+the same signature (it is then light and named after the function).
+
+:func:`call_reward` is the one place a reward function is invoked (inline, in pool workers and by the CLI): it
+validates what the function returned and, when the batch call raises, re-runs the items one at a time so only the
+offending samples score 0 with an error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+import traceback
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from mmrl.registry import Registry
+from mmrl.types import RewardInput, RewardResult
+
+RewardFn = Callable[..., list[RewardResult]]
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    name: str
+    fn: RewardFn
+    heavy: bool = False
+
+
+REWARDS: Registry[RewardSpec] = Registry("reward")
+
+# Reward files loaded from a user's path, by resolved path; modules get a synthetic name (below) so that two files
+# called rewards.py do not collide, and pool workers are told the path rather than the unimportable name.
+_FILE_MODULES: dict[Path, ModuleType] = {}
+_USER_MODULE_PREFIX = "mmrl_user_reward_"
+
+
+def register_reward(name: str, *, heavy: bool = False) -> Callable[[RewardFn], RewardFn]:
+    def deco(fn: RewardFn) -> RewardFn:
+        REWARDS.register(name)(RewardSpec(name=name, fn=fn, heavy=heavy))
+        return fn
+
+    return deco
+
+
+def load_reward(spec: str) -> RewardSpec:
+    """A registered reward by name, or ``path/to/file.py:function`` loaded from the user's file."""
+    path, sep, func = spec.rpartition(":")
+    if sep and path.endswith(".py"):
+        return _load_from_file(Path(path), func)
+    try:
+        return REWARDS.get(spec)
+    except KeyError as e:
+        raise KeyError(f"{e.args[0]}; a reward of your own is given as path/to/file.py:function") from None
+
+
+def _load_from_file(path: Path, func: str) -> RewardSpec:
+    module = load_reward_module(path)
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        defined = sorted(
+            n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__
+        )
+        raise KeyError(
+            f"reward file {path}: no function {func!r} (functions defined there: {', '.join(defined)})"
+        )
+    for name in REWARDS.names():
+        registered = REWARDS.get(name)
+        if registered.fn is fn:
+            return registered
+    return RewardSpec(name=func, fn=fn, heavy=False)
+
+
+def load_reward_module(path: Path) -> ModuleType:
+    """Import a user's reward file once per process (re-loading it would register its rewards twice)."""
+    resolved = path.expanduser().resolve()
+    if resolved in _FILE_MODULES:
+        return _FILE_MODULES[resolved]
+    if not resolved.is_file():
+        raise FileNotFoundError(f"reward file not found: {path} (give path/to/file.py:function)")
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
+    mod_name = f"{_USER_MODULE_PREFIX}{resolved.stem}_{digest}"
+    mod_spec = importlib.util.spec_from_file_location(mod_name, resolved)
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[mod_name] = module
+    try:
+        mod_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[mod_name]
+        raise
+    _FILE_MODULES[resolved] = module
+    return module
+
+
+def worker_ref(spec: RewardSpec) -> tuple[str, str, str]:
+    """How a pool worker finds ``spec.fn`` again: ``("file", path, name)`` or ``("module", module, qualname)``."""
+    fn = spec.fn
+    for path, module in _FILE_MODULES.items():
+        if module.__name__ == fn.__module__:
+            return ("file", str(path), fn.__qualname__)
+    if fn.__module__ == "__main__" or "<locals>" in fn.__qualname__:
+        raise ValueError(
+            f"reward {spec.name!r} is heavy (runs in worker processes) but is defined in {fn.__module__}."
+            f"{fn.__qualname__}, which a worker cannot import; move it to a module-level function in a file and "
+            "load it as path/to/file.py:function"
+        )
+    return ("module", fn.__module__, fn.__qualname__)
+
+
+def resolve_worker_ref(ref: tuple[str, str, str]) -> RewardFn:
+    kind, where, qualname = ref
+    obj: Any = load_reward_module(Path(where)) if kind == "file" else importlib.import_module(where)
+    for attr in qualname.split("."):
+        obj = getattr(obj, attr)
+    return obj
+
+
+def reward_options(spec: RewardSpec) -> dict[str, inspect.Parameter]:
+    """The reward's options (keyword-only parameters); raises if the function breaks the reward contract."""
+    params = list(inspect.signature(spec.fn).parameters.values())
+    first = params[0] if params else None
+    if first is None or first.kind not in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD):
+        raise TypeError(f"reward {spec.name!r}: the first parameter must be the batch (list[RewardInput])")
+    options: dict[str, inspect.Parameter] = {}
+    for p in params[1:]:
+        if p.kind is not p.KEYWORD_ONLY or p.default is p.empty:
+            raise TypeError(
+                f"reward {spec.name!r}: parameter {p.name!r} must be keyword-only with a default "
+                f"(write `def {spec.fn.__name__}(batch, *, {p.name}=...)`)"
+            )
+        options[p.name] = p
+    return options
+
+
+def validate_options(spec: RewardSpec, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Check option names (unknown -> error naming the nearest valid one) and value kinds against the defaults."""
+    known = reward_options(spec)
+    hints = _literal_hints(spec.fn)
+    for key, value in options.items():
+        if key not in known:
+            near = difflib.get_close_matches(key, list(known), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            valid = ", ".join(sorted(known)) or "none"
+            raise ValueError(f"reward {spec.name!r}: unknown option {key!r}{hint} (valid options: {valid})")
+        _check_value(spec.name, key, value, known[key].default, hints.get(key))
+    return dict(options)
+
+
+def _literal_hints(fn: RewardFn) -> dict[str, tuple[Any, ...]]:
+    # Annotations that cannot be evaluated (a user's forward reference) only lose the Literal check below.
+    try:
+        hints = typing.get_type_hints(fn)
+    except (NameError, TypeError):
+        return {}
+    return {k: typing.get_args(t) for k, t in hints.items() if typing.get_origin(t) is typing.Literal}
+
+
+def _check_value(reward: str, key: str, value: Any, default: Any, choices: tuple[Any, ...] | None) -> None:
+    if choices is not None and value not in choices:
+        raise ValueError(f"reward {reward!r}: option {key!r} must be one of {list(choices)}, got {value!r}")
+    if default is None:
+        return
+    if isinstance(default, bool):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif isinstance(default, (int, float)):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and (isinstance(default, float) or isinstance(value, int) or float(value).is_integer())
+        kind = "a number"
+    elif isinstance(default, str):
+        ok, kind = isinstance(value, str), "a string"
+    else:
+        ok, kind = isinstance(value, type(default)), f"a {type(default).__name__}"
+    if not ok:
+        raise ValueError(
+            f"reward {reward!r}: option {key!r} expects {kind} like its default {default!r}, "
+            f"got {value!r} ({type(value).__name__})"
+        )
+
+
+def call_reward(
+    fn: RewardFn, name: str, batch: Sequence[RewardInput], options: Mapping[str, Any]
+) -> list[RewardResult]:
+    """Run ``fn`` on ``batch``; never raises. A raising batch call is retried one item at a time, so a sample that
+    raises alone scores 0 with ``error`` set and the others keep their real scores."""
+    try:
+        return _checked(name, batch, fn(list(batch), **options))
+    except Exception as exc:
+        if len(batch) == 1:
+            return [RewardResult(score=0.0, error=describe_exception(exc))]
+    return [call_reward(fn, name, [item], options)[0] for item in batch]
+
+
+def _checked(name: str, batch: Sequence[RewardInput], results: Any) -> list[RewardResult]:
+    if not isinstance(results, list) or len(results) != len(batch):
+        got = len(results) if isinstance(results, list) else type(results).__name__
+        raise TypeError(
+            f"reward {name!r} returned {got} results for {len(batch)} inputs; return one per input"
+        )
+    out = []
+    for item, r in zip(batch, results):
+        if not isinstance(r, RewardResult):
+            raise TypeError(
+                f"reward {name!r} returned {type(r).__name__} for sample {item.id!r}; return RewardResult"
+            )
+        if r.score is not None and not math.isfinite(r.score):
+            r = RewardResult(score=0.0, parts=r.parts, error=f"non-finite score {r.score!r}")
+        elif r.error is not None and r.score != 0.0:
+            r = RewardResult(score=0.0, parts=r.parts, error=r.error)
+        out.append(r)
+    return out
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message (at file:line in function)`` for the innermost frame: enough to find a bug in a log line."""
+    text = f"{type(exc).__name__}: {exc}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        last = frames[-1]
+        text += f" (at {Path(last.filename).name}:{last.lineno} in {last.name})"
+    return text
+
+
+__all__ = [
+    "REWARDS",
+    "RewardFn",
+    "RewardInput",
+    "RewardResult",
+    "RewardSpec",
+    "call_reward",
+    "load_reward",
+    "register_reward",
+    "reward_options",
+    "validate_options",
+]
