@@ -42,7 +42,14 @@ def _fsync_tree(path: Path) -> None:
 
 
 def save_checkpoint(
-    root: Path, step: int, *, policy: Any, optimizer: Any, scheduler: Any, state: dict[str, Any], keep: int = 0
+    root: Path,
+    step: int,
+    *,
+    policy: Any,
+    optimizer: Any,
+    scheduler: Any,
+    state: dict[str, Any],
+    keep: int = 0,
 ) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"

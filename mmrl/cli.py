@@ -1,10 +1,10 @@
 """The ``mmrl`` command line.
 
-    mmrl train CONFIG --output-dir DIR [--max-steps N] [--resume] [key=value ...]
-    mmrl sft CONFIG --output-dir DIR [key=value ...]
-    mmrl reward NAME ...            (see ``mmrl reward --help``)
-    mmrl build-tiny [--out DIR] [--seed N]
-    mmrl info
+mmrl train CONFIG --output-dir DIR [--max-steps N] [--resume] [key=value ...]
+mmrl sft CONFIG --output-dir DIR [key=value ...]
+mmrl reward NAME ...            (see ``mmrl reward --help``)
+mmrl build-tiny [--out DIR] [--seed N]
+mmrl info
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     trainer.fit()
     summary = write_report(args.output_dir)
     if "start_accuracy" in summary:
-        print(f"held-out accuracy: start {summary['start_accuracy']:.3f} -> final {summary['final_accuracy']:.3f}")
+        print(
+            f"held-out accuracy: start {summary['start_accuracy']:.3f} -> final {summary['final_accuracy']:.3f}"
+        )
     print(f"report: {os.path.join(args.output_dir, 'report.md')}  plot: {summary['plot']}")
     return 0
 
@@ -55,14 +57,27 @@ def _cmd_info(args: argparse.Namespace) -> int:
     import shutil
 
     print(f"mmrl {md.version('mmrl')}  python {platform.python_version()}")
-    for pkg in ("torch", "transformers", "accelerate", "qwen-vl-utils", "vllm", "decord", "playwright", "math-verify"):
+    for pkg in (
+        "torch",
+        "transformers",
+        "accelerate",
+        "qwen-vl-utils",
+        "vllm",
+        "decord",
+        "playwright",
+        "math-verify",
+    ):
         try:
             print(f"  {pkg:14s} {md.version(pkg)}")
         except md.PackageNotFoundError:
             print(f"  {pkg:14s} not installed")
     import torch
 
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available()
+        else []
+    )
     print(f"  GPU            {', '.join(gpus) if gpus else 'none (CPU only)'}")
     for tool in ("pdflatex", "pdftoppm", "chromium"):
         print(f"  {tool:14s} {shutil.which(tool) or 'missing'}")
@@ -100,7 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     from mmrl.config import ConfigError
     from mmrl.data import DataError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    bad = [x for x in extra if "=" not in x or x.startswith("-")]
+    if bad or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(bad or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]  # key=value overrides may follow --options
     try:
         return int(args.fn(args) or 0)
     except (ConfigError, DataError, FileNotFoundError) as e:

@@ -33,7 +33,9 @@ class ModelConfig:
     path: str = opt("HF model folder or hub id (loaded with from_pretrained)", "assets/tiny-qwen2.5-vl")
     dtype: Literal["float32", "bfloat16", "float16"] = opt("parameter dtype", "float32")
     device: str = opt("'auto' (cuda if present, else cpu), 'cpu', 'cuda', 'cuda:1', ...", "auto")
-    attn_implementation: str | None = opt("'sdpa', 'eager', 'flash_attention_2' or None for the default", None)
+    attn_implementation: str | None = opt(
+        "'sdpa', 'eager', 'flash_attention_2' or None for the default", None
+    )
     gradient_checkpointing: bool = opt("recompute activations in the backward pass to save memory", False)
     min_pixels: int = opt("smallest image size in pixels after smart_resize", 4 * 28 * 28)
     max_pixels: int = opt("largest image size in pixels after smart_resize", 256 * 28 * 28)
@@ -48,11 +50,13 @@ class DataConfig:
     train: str = opt("training records: .jsonl, .parquet or a saved HF dataset folder", "")
     eval: str | None = opt("held-out records for evaluation during training", None)
     on_bad_record: Literal["error", "skip"] = opt(
-        "a record that fails validation stops the run ('error') or is listed in skipped.jsonl ('skip')", "error"
+        "a record that fails validation stops the run ('error') or is listed in skipped.jsonl ('skip')",
+        "error",
     )
     system_prompt: str | None = opt("system message prepended to records that have none", None)
     builder: str | None = opt(
-        "'module:function' that writes the records into data.train's folder when data.train does not exist", None
+        "'module:function' that writes the records into data.train's folder when data.train does not exist",
+        None,
     )
     check_media: bool = opt("open every image/video header while loading to catch bad files early", True)
 
@@ -75,7 +79,9 @@ class AlgoConfig:
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = opt(
         "how token losses become one number (ALGORITHMS.md §1)", "token-mean"
     )
-    loss_agg_constant: float | None = opt("divisor for seq-mean-token-sum (Dr. GRPO); None = max_new_tokens", None)
+    loss_agg_constant: float | None = opt(
+        "divisor for seq-mean-token-sum (Dr. GRPO); None = max_new_tokens", None
+    )
     clip_low: float = opt("epsilon_low of the clipped ratio", 0.2)
     clip_high: float = opt("epsilon_high of the clipped ratio (DAPO uses 0.28)", 0.2)
     dual_clip: float | None = opt("dual-clip constant c for negative advantages (None = off)", 3.0)
@@ -95,8 +101,12 @@ class OptimConfig:
     betas: tuple[float, float] = opt("AdamW betas", (0.9, 0.999))
     grad_clip: float = opt("max global gradient norm (0 = off)", 1.0)
     warmup_steps: int = opt("linear warm-up steps", 0)
-    scheduler: Literal["constant", "linear", "cosine"] = opt("learning-rate schedule after warm-up", "constant")
-    micro_batch_size: int = opt("sequences per forward/backward (gradient accumulation inside a mini-batch)", 16)
+    scheduler: Literal["constant", "linear", "cosine"] = opt(
+        "learning-rate schedule after warm-up", "constant"
+    )
+    micro_batch_size: int = opt(
+        "sequences per forward/backward (gradient accumulation inside a mini-batch)", 16
+    )
 
 
 @dataclass
@@ -118,7 +128,9 @@ class EvalConfig:
     max_samples: int = opt("held-out records scored per evaluation", 200)
     temperature: float = opt("0 = greedy decoding", 0.0)
     max_new_tokens: int | None = opt("None = rollout.max_new_tokens", None)
-    success_threshold: float = opt("a held-out response counts as correct when its reward is at least this", 1.0)
+    success_threshold: float = opt(
+        "a held-out response counts as correct when its reward is at least this", 1.0
+    )
 
 
 @dataclass

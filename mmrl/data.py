@@ -101,7 +101,9 @@ def _count_parts(messages: list[dict[str, Any]], kind: str) -> int:
 def _check_media(paths: list[str], kind: str, rid: str) -> None:
     for p in paths:
         if not Path(p).is_file():
-            raise DataError(f"sample '{rid}': {kind} file not found: {p} (paths resolve against the dataset's folder)")
+            raise DataError(
+                f"sample '{rid}': {kind} file not found: {p} (paths resolve against the dataset's folder)"
+            )
         if kind == "image":
             from PIL import Image
 
@@ -109,11 +111,17 @@ def _check_media(paths: list[str], kind: str, rid: str) -> None:
                 with Image.open(p) as im:
                     im.size  # noqa: B018 - reading the header is the check
             except Exception as e:
-                raise DataError(f"sample '{rid}': cannot read image {p}: {e} (re-export it as PNG or JPEG)") from e
+                raise DataError(
+                    f"sample '{rid}': cannot read image {p}: {e} (re-export it as PNG or JPEG)"
+                ) from e
 
 
 def validate_record(
-    row: dict[str, Any], where: str, base_dir: Path, system_prompt: str | None = None, check_media: bool = True
+    row: dict[str, Any],
+    where: str,
+    base_dir: Path,
+    system_prompt: str | None = None,
+    check_media: bool = True,
 ) -> Sample:
     if "__error__" in row:
         raise DataError(f"{where}: {row['__error__']} (each line must be one JSON object)")
@@ -146,7 +154,9 @@ def validate_record(
             raise DataError(f"sample '{rid}': 'messages' must be a non-empty list of chat turns")
         for m in messages:
             if not isinstance(m, dict) or m.get("role") not in ROLES or "content" not in m:
-                raise DataError(f"sample '{rid}': each message needs a 'role' in {sorted(ROLES)} and 'content'")
+                raise DataError(
+                    f"sample '{rid}': each message needs a 'role' in {sorted(ROLES)} and 'content'"
+                )
     for kind, paths in (("image", images), ("video", videos)):
         n = _count_parts(messages, kind)
         if n != len(paths):
@@ -161,7 +171,9 @@ def validate_record(
     if check_media:
         _check_media(images, "image", rid)
         _check_media(videos, "video", rid)
-    return Sample(id=rid, messages=messages, images=images, videos=videos, answer=row.get("answer"), metadata=metadata)
+    return Sample(
+        id=rid, messages=messages, images=images, videos=videos, answer=row.get("answer"), metadata=metadata
+    )
 
 
 def ensure_built(train: str, builder: str | None) -> None:
@@ -179,7 +191,11 @@ def ensure_built(train: str, builder: str | None) -> None:
 
 
 def load_dataset(
-    path: str | Path, *, on_bad_record: str = "error", system_prompt: str | None = None, check_media: bool = True
+    path: str | Path,
+    *,
+    on_bad_record: str = "error",
+    system_prompt: str | None = None,
+    check_media: bool = True,
 ) -> LoadedData:
     p = Path(path)
     if not p.exists():

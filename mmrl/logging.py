@@ -19,7 +19,9 @@ class MetricsLogger:
             self.tb = SummaryWriter(str(output_dir / "tensorboard"))
 
     def log(self, metrics: dict[str, Any]) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()
+        }
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
             f.flush()

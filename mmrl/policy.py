@@ -35,7 +35,9 @@ class EncodedPrompt:
     sample_id: str
     input_ids: torch.Tensor  # [L]
     mm: dict[str, torch.Tensor] = field(default_factory=dict)  # per-prompt tensors, concatenated along dim 0
-    seq: dict[str, torch.Tensor] = field(default_factory=dict)  # [L] tensors aligned with input_ids, padded with 0
+    seq: dict[str, torch.Tensor] = field(
+        default_factory=dict
+    )  # [L] tensors aligned with input_ids, padded with 0
     image_sizes: list[tuple[int, int]] = field(default_factory=list)  # original (w, h)
     model_image_sizes: list[tuple[int, int]] = field(default_factory=list)  # after smart_resize (w, h)
 

@@ -30,7 +30,9 @@ class Registry(Generic[T]):
         except KeyError:
             near = difflib.get_close_matches(name, list(self._items), n=1)
             hint = f"; did you mean {near[0]!r}?" if near else ""
-            raise KeyError(f"unknown {self.kind} {name!r}{hint} (known: {', '.join(sorted(self._items))})") from None
+            raise KeyError(
+                f"unknown {self.kind} {name!r}{hint} (known: {', '.join(sorted(self._items))})"
+            ) from None
 
     def __contains__(self, name: str) -> bool:
         return name in self._items

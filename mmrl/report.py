@@ -33,8 +33,13 @@ def write_report(output_dir: str | Path) -> dict[str, Any]:
         ax.plot(steps, rewards, color="tab:blue", alpha=0.3, label="train reward (per step)")
         ax.plot(steps, _smooth(rewards), color="tab:blue", label="train reward (5-step mean)")
     if evals:
-        ax.plot([r["step"] for r in evals], [r["eval/accuracy"] for r in evals], "o-", color="tab:red",
-                label="held-out accuracy (greedy)")
+        ax.plot(
+            [r["step"] for r in evals],
+            [r["eval/accuracy"] for r in evals],
+            "o-",
+            color="tab:red",
+            label="held-out accuracy (greedy)",
+        )
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, max(1.02, max((r["reward/mean"] for r in train), default=1) + 0.02))
     ax.grid(alpha=0.3)
@@ -43,7 +48,10 @@ def write_report(output_dir: str | Path) -> dict[str, Any]:
     fig.tight_layout()
     fig.savefig(out / "reward_curve.png", dpi=110)
     plt.close(fig)
-    summary: dict[str, Any] = {"steps": train[-1]["step"] if train else 0, "plot": str(out / "reward_curve.png")}
+    summary: dict[str, Any] = {
+        "steps": train[-1]["step"] if train else 0,
+        "plot": str(out / "reward_curve.png"),
+    }
     if evals:
         summary["start_accuracy"] = evals[0]["eval/accuracy"]
         summary["final_accuracy"] = evals[-1]["eval/accuracy"]

@@ -28,7 +28,9 @@ def run_sft(cfg: Config, output_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.train.seed)
     ensure_built(cfg.data.train, cfg.data.builder)
-    data = load_dataset(cfg.data.train, on_bad_record=cfg.data.on_bad_record, system_prompt=cfg.data.system_prompt)
+    data = load_dataset(
+        cfg.data.train, on_bad_record=cfg.data.on_bad_record, system_prompt=cfg.data.system_prompt
+    )
     data.write_skipped(out / "skipped.jsonl")
     samples = data.samples[: cfg.sft.max_records] if cfg.sft.max_records else data.samples
     policy = Policy.from_pretrained(cfg.model)

@@ -65,10 +65,23 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: Config) -> torch.optim.lr_s
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def reward_inputs(sample: Sample, prompt: EncodedPrompt, texts: list[str], lengths: list[int]) -> list[RewardInput]:
-    meta = {**sample.metadata, "image_sizes": prompt.image_sizes, "model_image_sizes": prompt.model_image_sizes}
+def reward_inputs(
+    sample: Sample, prompt: EncodedPrompt, texts: list[str], lengths: list[int]
+) -> list[RewardInput]:
+    meta = {
+        **sample.metadata,
+        "image_sizes": prompt.image_sizes,
+        "model_image_sizes": prompt.model_image_sizes,
+    }
     return [
-        RewardInput(sample.id, t, sample.answer, sample.prompt_text, list(sample.images), {**meta, "response_tokens": n})
+        RewardInput(
+            sample.id,
+            t,
+            sample.answer,
+            sample.prompt_text,
+            list(sample.images),
+            {**meta, "response_tokens": n},
+        )
         for t, n in zip(texts, lengths)
     ]
 
@@ -79,14 +92,22 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
         ensure_built(cfg.data.train, cfg.data.builder)
-        data = load_dataset(cfg.data.train, on_bad_record=cfg.data.on_bad_record,
-                            system_prompt=cfg.data.system_prompt, check_media=cfg.data.check_media)
+        data = load_dataset(
+            cfg.data.train,
+            on_bad_record=cfg.data.on_bad_record,
+            system_prompt=cfg.data.system_prompt,
+            check_media=cfg.data.check_media,
+        )
         data.write_skipped(self.out / "skipped.jsonl")
         self.train_data = data.samples
         self.eval_data: list[Sample] = []
         if cfg.data.eval:
-            ev = load_dataset(cfg.data.eval, on_bad_record=cfg.data.on_bad_record,
-                              system_prompt=cfg.data.system_prompt, check_media=cfg.data.check_media)
+            ev = load_dataset(
+                cfg.data.eval,
+                on_bad_record=cfg.data.on_bad_record,
+                system_prompt=cfg.data.system_prompt,
+                check_media=cfg.data.check_media,
+            )
             ev.write_skipped(self.out / "skipped.jsonl")
             self.eval_data = ev.samples[: cfg.eval.max_samples]
         ckpt = self._resume_point() if resume else None
@@ -95,14 +116,18 @@ class Trainer:
         if self.ref is not None:
             self.ref.model.eval().requires_grad_(False)
         self.engine = ENGINES.get(cfg.rollout.engine)(self.policy, batch_size=cfg.rollout.batch_size)
-        self.sampler = SAMPLERS.get(cfg.sampler.name)(len(self.train_data), seed=cfg.train.seed, **cfg.sampler.options)
+        self.sampler = SAMPLERS.get(cfg.sampler.name)(
+            len(self.train_data), seed=cfg.train.seed, **cfg.sampler.options
+        )
         self.reward = CompositeReward(
             [RewardConfig(r.name, r.weight, dict(r.options)) for r in cfg.rewards],
-            num_workers=cfg.train.reward_workers, timeout_s=cfg.train.reward_timeout_s,
+            num_workers=cfg.train.reward_workers,
+            timeout_s=cfg.train.reward_timeout_s,
         )
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=cfg.optim.betas,
-                                     weight_decay=cfg.optim.weight_decay)
+        self.opt = torch.optim.AdamW(
+            params, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
+        )
         self.sched = build_scheduler(self.opt, cfg)
         self.adv_fn, self.loss_fn = ADVANTAGES.get(cfg.algo.advantage), LOSSES.get(cfg.algo.loss)
         self.logger = MetricsLogger(self.out, tensorboard=cfg.train.tensorboard)
@@ -139,7 +164,12 @@ class Trainer:
                     update_stats = self.update(batch)
                 self.sampler.update(idx, rewards)
                 self.step += 1
-                metrics = {"step": self.step, **reward_stats, **update_stats, **self.rollout_stats(groups, rewards)}
+                metrics = {
+                    "step": self.step,
+                    **reward_stats,
+                    **update_stats,
+                    **self.rollout_stats(groups, rewards),
+                }
                 if self.eval_data and cfg.eval.every and self.step % cfg.eval.every == 0:
                     with self.stage("eval"):
                         metrics.update(self.evaluate())
@@ -148,7 +178,9 @@ class Trainer:
                 metrics.update({f"time/{k}": v for k, v in self.timings.items()})
                 self.logger.log(metrics)
                 self._write_rollouts(samples, groups, rewards)
-                if self.step == cfg.train.max_steps or (cfg.train.save_every and self.step % cfg.train.save_every == 0):
+                if self.step == cfg.train.max_steps or (
+                    cfg.train.save_every and self.step % cfg.train.save_every == 0
+                ):
                     self.save()
                 advance(metrics)
         self.logger.close()
@@ -165,10 +197,16 @@ class Trainer:
     def sampling_params(self, eval_mode: bool = False) -> SamplingParams:
         r, e = self.cfg.rollout, self.cfg.eval
         if eval_mode:
-            return SamplingParams(n=1, temperature=e.temperature, top_p=r.top_p, top_k=r.top_k,
-                                  max_new_tokens=e.max_new_tokens or r.max_new_tokens)
-        return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                              max_new_tokens=r.max_new_tokens)
+            return SamplingParams(
+                n=1,
+                temperature=e.temperature,
+                top_p=r.top_p,
+                top_k=r.top_k,
+                max_new_tokens=e.max_new_tokens or r.max_new_tokens,
+            )
+        return SamplingParams(
+            n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens
+        )
 
     def encode(self, sample: Sample) -> EncodedPrompt:
         if sample.id not in self._cache:
@@ -178,8 +216,11 @@ class Trainer:
         return self._cache[sample.id]
 
     def score(self, samples, prompts, groups) -> tuple[torch.Tensor, dict[str, float]]:
-        inputs = [ri for s, p, g in zip(samples, prompts, groups)
-                  for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])]
+        inputs = [
+            ri
+            for s, p, g in zip(samples, prompts, groups)
+            for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])
+        ]
         results = self.reward(inputs)
         scores = torch.tensor([r.score for r in results], dtype=torch.float32).view(len(samples), -1)
         stats: dict[str, float] = {"reward/mean": scores.mean().item(), "reward/std": scores.std().item()}
@@ -213,8 +254,12 @@ class Trainer:
         out = torch.zeros_like(batch.old_logp)
         mb = self.cfg.optim.micro_batch_size
         for i in range(0, len(batch.prompts), mb):
-            lp, _, _ = policy.logprobs(batch.prompts[i : i + mb], batch.completions[i : i + mb],
-                                       temperature=self._train_temperature(), with_entropy=False)
+            lp, _, _ = policy.logprobs(
+                batch.prompts[i : i + mb],
+                batch.completions[i : i + mb],
+                temperature=self._train_temperature(),
+                with_entropy=False,
+            )
             out[i : i + mb, : lp.shape[1]] = lp.float().cpu()
         return out
 
@@ -248,18 +293,29 @@ class Trainer:
         mb = self.cfg.optim.micro_batch_size
         for s in range(0, len(rows), mb):
             part = rows[s : s + mb]
-            logp, ent, mask = self.policy.logprobs([batch.prompts[i] for i in part],
-                                                   [batch.completions[i] for i in part],
-                                                   temperature=self._train_temperature())
+            logp, ent, mask = self.policy.logprobs(
+                [batch.prompts[i] for i in part],
+                [batch.completions[i] for i in part],
+                temperature=self._train_temperature(),
+            )
             T = logp.shape[1]
             old = batch.old_logp[part, :T].to(dev)
-            tok_loss, st = self.loss_fn(logp, old, batch.advantages[part].to(dev), mask,
-                                        clip_low=a.clip_low, clip_high=a.clip_high, dual_clip=a.dual_clip)
+            tok_loss, st = self.loss_fn(
+                logp,
+                old,
+                batch.advantages[part].to(dev),
+                mask,
+                clip_low=a.clip_low,
+                clip_high=a.clip_high,
+                dual_clip=a.dual_clip,
+            )
             weight = (mask.sum().item() if a.loss_agg == "token-mean" else len(part)) / denom
             pg = aggregate(tok_loss, mask, a.loss_agg, const) * weight
             loss = pg
             if batch.ref_logp is not None:
-                kl = aggregate(kl_k3(logp, batch.ref_logp[part, :T].to(dev)), mask, a.loss_agg, const) * weight
+                kl = (
+                    aggregate(kl_k3(logp, batch.ref_logp[part, :T].to(dev)), mask, a.loss_agg, const) * weight
+                )
                 loss = loss + a.kl_coef * kl
                 acc["kl"] += kl.item()
             loss.backward()
@@ -281,16 +337,25 @@ class Trainer:
             "response_length/mean": sum(lens) / len(lens),
             "response_length/max": max(lens),
             "rollout/truncated_frac": sum(c.finish_reason == "length" for g in groups for c in g) / len(lens),
-            "rollout/groups_with_signal": (rewards.std(dim=1) > 0).float().mean().item() if rewards.shape[1] > 1 else 1.0,
+            "rollout/groups_with_signal": (rewards.std(dim=1) > 0).float().mean().item()
+            if rewards.shape[1] > 1
+            else 1.0,
         }
 
     # ------------------------------------------------------------------ eval / io
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        """Score the held-out records; runs on a forked RNG so evaluating never changes the training run."""
         prompts = [self.encode(s) for s in self.eval_data]
-        groups = self.engine.generate(prompts, self.sampling_params(eval_mode=True))
-        inputs = [ri for s, p, g in zip(self.eval_data, prompts, groups)
-                  for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])]
+        devices = [self.policy.device] if self.policy.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.cfg.train.seed + 7919)
+            groups = self.engine.generate(prompts, self.sampling_params(eval_mode=True))
+        inputs = [
+            ri
+            for s, p, g in zip(self.eval_data, prompts, groups)
+            for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])
+        ]
         scores = [r.score for r in self.reward(inputs)]
         acc = sum(s >= self.cfg.eval.success_threshold - 1e-6 for s in scores) / len(scores)
         return {"eval/accuracy": acc, "eval/reward_mean": sum(scores) / len(scores)}
@@ -298,13 +363,30 @@ class Trainer:
     def _write_rollouts(self, samples, groups, rewards: torch.Tensor, keep: int = 2) -> None:
         with (self.out / "rollouts.jsonl").open("a") as f:
             for s, g, r in list(zip(samples, groups, rewards.tolist()))[:keep]:
-                f.write(json.dumps({"step": self.step, "id": s.id, "answer": s.answer,
-                                    "responses": [c.text for c in g], "rewards": r}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "step": self.step,
+                            "id": s.id,
+                            "answer": s.answer,
+                            "responses": [c.text for c in g],
+                            "rewards": r,
+                        }
+                    )
+                    + "\n"
+                )
 
     def save(self) -> Path:
         state = {"sampler": self.sampler.state_dict(), "config": to_dict(self.cfg)}
-        return save_checkpoint(self.out / "checkpoints", self.step, policy=self.policy, optimizer=self.opt,
-                               scheduler=self.sched, state=state, keep=self.cfg.train.keep_checkpoints)
+        return save_checkpoint(
+            self.out / "checkpoints",
+            self.step,
+            policy=self.policy,
+            optimizer=self.opt,
+            scheduler=self.sched,
+            state=state,
+            keep=self.cfg.train.keep_checkpoints,
+        )
 
     def _resume_point(self) -> Path:
         ckpt = latest_checkpoint(self.out / "checkpoints")
@@ -319,8 +401,13 @@ class Trainer:
             return
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-        cols = [TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
+        cols = [
+            TextColumn("[bold]train"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+        ]
         with Progress(*cols, transient=False) as prog:
             task = prog.add_task("train", total=self.cfg.train.max_steps, completed=self.step, info="")
 

@@ -49,7 +49,9 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)
 
 
-def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str, constant: float | None = None) -> torch.Tensor:
+def aggregate(
+    loss: torch.Tensor, mask: torch.Tensor, mode: str, constant: float | None = None
+) -> torch.Tensor:
     """``loss, mask [B, T]`` -> scalar.
 
     token-mean: sum over all tokens / number of tokens (DAPO); seq-mean-token-mean: mean over sequences of each

@@ -47,7 +47,9 @@ class HFEngine:
             use_cache=True,
         )
         if not greedy:
-            gen_kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)  # 0 disables top-k
+            gen_kwargs.update(
+                temperature=params.temperature, top_p=params.top_p, top_k=params.top_k
+            )  # 0 disables top-k
         was_training = pol.model.training
         pol.model.eval()
         out = pol.model.generate(input_ids=ids, attention_mask=attn, **mm, **gen_kwargs)

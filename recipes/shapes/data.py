@@ -1,5 +1,8 @@
 """Synthetic coloured-shape images with colour, shape, count and position questions (the shapes recipe's data).
 
+Position questions name a shape by its colour ("Is the red shape on the left or the right?"): the bundled tiny
+model's 2-layer vision tower learns colour and layout quickly but shape identity slowly.
+
 Every image is drawn by this module from a seeded RNG, so ``build(folder, seed)`` reproduces the same files. Answers
 are single words (``red``, ``circle``, ``2``, ``left``) scored by the ``exact_match`` reward.
 """
@@ -49,16 +52,21 @@ def make_record(rng: random.Random, idx: int, split: str) -> tuple[dict, Image.I
             _draw(draw, rng.choice(SHAPES), rng.choice(list(COLOURS)), cx, cy, 8)
         q, answer = "How many shapes are there?", NUMBER_WORDS[n]
     else:
-        a, b = rng.sample(list(SHAPES), 2)
-        ca, cb = rng.choice(list(COLOURS)), rng.choice(list(COLOURS))
+        ca, cb = rng.sample(list(COLOURS), 2)
         left_first = rng.random() < 0.5
         ya, yb = rng.randint(12, 44), rng.randint(12, 44)
-        _draw(draw, a, ca, 14 if left_first else 42, ya, 9)
-        _draw(draw, b, cb, 42 if left_first else 14, yb, 9)
-        q = f"Is the {a} on the left or the right?"
+        _draw(draw, rng.choice(SHAPES), ca, 14 if left_first else 42, ya, 9)
+        _draw(draw, rng.choice(SHAPES), cb, 42 if left_first else 14, yb, 9)
+        q = f"Is the {ca} shape on the left or the right?"
         answer = "left" if left_first else "right"
     rid = f"shapes-{split}-{idx:05d}"
-    rec = {"id": rid, "prompt": q, "images": [f"images/{rid}.png"], "answer": answer, "metadata": {"kind": kind}}
+    rec = {
+        "id": rid,
+        "prompt": q,
+        "images": [f"images/{rid}.png"],
+        "answer": answer,
+        "metadata": {"kind": kind},
+    }
     return rec, img
 
 

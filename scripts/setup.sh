@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Set up a fresh Debian machine for mmrl: TeX Live + poppler + Chromium (rendering rewards) from Debian, then PyTorch
+# (CPU-capable build pinned to the wheels this project is tested with) and mmrl itself with its dev extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if ! command -v pdflatex >/dev/null || ! command -v pdftoppm >/dev/null || ! command -v chromium >/dev/null; then
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
+    texlive-latex-base texlive-latex-recommended texlive-latex-extra poppler-utils chromium
+fi
+PY=${PYTHON:-python3}
+$PY -m pip install -q torch==2.14.1 torchvision==0.29.1
+$PY -m pip install -q -e ".[dev]"
