@@ -128,6 +128,7 @@ class EvalConfig:
     max_samples: int = opt("held-out records scored per evaluation", 200)
     temperature: float = opt("0 = greedy decoding", 0.0)
     max_new_tokens: int | None = opt("None = rollout.max_new_tokens", None)
+    group_by: str | None = opt("also report eval/accuracy/<value> for each value of this metadata key", None)
     success_threshold: float = opt(
         "a held-out response counts as correct when its reward is at least this", 1.0
     )
@@ -152,6 +153,9 @@ class SFTConfig:
     steps: int = opt("optimizer steps", 200)
     batch_size: int = opt("records per step", 16)
     max_records: int | None = opt("use only the first N training records (None = all)", None)
+    label_smoothing: float = opt(
+        "cross-entropy label smoothing: a less over-confident warm start explores in RL", 0.0
+    )
 
 
 @dataclass

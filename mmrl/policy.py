@@ -186,24 +186,34 @@ class Policy:
         Returns ``logp [B, T]``, ``entropy [B, T]`` (or None), ``mask [B, T]`` (1 on real completion tokens).
         Gradients flow through ``logp`` unless called under ``torch.no_grad()``.
         """
-        ids, attn, mm, P = self.collate(prompts, completions)
-        T = ids.shape[1] - P
-        out = self.model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=T + 1, **mm)
-        logits = out.logits[:, :-1, :].float() / temperature  # [B, T, V]: position P-1+t predicts token P+t
-        target = ids[:, P:]
+        logits, target, comp_mask = self.completion_logits(prompts, completions, temperature)
         logp_all = F.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [B, T]
         entropy = None
         if with_entropy:
             with torch.no_grad():
                 entropy = -(logp_all.exp() * logp_all).sum(-1)
-        comp_mask = attn[:, P:].to(logp.dtype)
         return logp * comp_mask, entropy, comp_mask
 
-    def sequence_nll(self, prompts: list[EncodedPrompt], targets: list[list[int]]) -> torch.Tensor:
-        """Mean token negative log-likelihood of ``targets`` (supervised warm start)."""
-        logp, _, mask = self.logprobs(prompts, targets, with_entropy=False)
-        return -(logp * mask).sum() / mask.sum().clamp(min=1.0)
+    def completion_logits(
+        self, prompts: list[EncodedPrompt], completions: list[list[int]], temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """fp32 ``logits / temperature [B, T, V]`` predicting each completion token, the tokens ``[B, T]``, the mask."""
+        ids, attn, mm, P = self.collate(prompts, completions)
+        T = ids.shape[1] - P
+        out = self.model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=T + 1, **mm)
+        logits = out.logits[:, :-1, :].float() / temperature  # position P-1+t predicts token P+t
+        return logits, ids[:, P:], attn[:, P:].to(logits.dtype)
+
+    def sequence_nll(
+        self, prompts: list[EncodedPrompt], targets: list[list[int]], label_smoothing: float = 0.0
+    ) -> torch.Tensor:
+        """Mean token cross-entropy of ``targets`` (supervised warm start), optionally label-smoothed."""
+        logits, target, mask = self.completion_logits(prompts, targets)
+        ce = F.cross_entropy(
+            logits.transpose(1, 2), target, reduction="none", label_smoothing=label_smoothing
+        )
+        return (ce * mask).sum() / mask.sum().clamp(min=1.0)
 
     def save(self, path: str | os.PathLike) -> None:
         self.model.save_pretrained(path)

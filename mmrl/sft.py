@@ -47,7 +47,9 @@ def run_sft(cfg: Config, output_dir: str | Path) -> Path:
             if len(order) < cfg.sft.batch_size:
                 order += rng.sample(range(len(samples)), len(samples))
             idx, order = order[: cfg.sft.batch_size], order[cfg.sft.batch_size :]
-            loss = policy.sequence_nll([encoded[i] for i in idx], [targets[i] for i in idx])
+            loss = policy.sequence_nll(
+                [encoded[i] for i in idx], [targets[i] for i in idx], label_smoothing=cfg.sft.label_smoothing
+            )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
@@ -55,4 +57,30 @@ def run_sft(cfg: Config, output_dir: str | Path) -> Path:
             log.write(json.dumps({"step": step, "loss": loss.item()}) + "\n")
     policy.save(out / "model")
     (out / "sft_config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+    write_card(out, cfg, n_records=len(samples), final_loss=loss.item())
     return out / "model"
+
+
+def write_card(out: Path, cfg: Config, *, n_records: int, final_loss: float) -> None:
+    import sys
+
+    import transformers
+
+    cmd = (
+        "mmrl " + " ".join(sys.argv[1:])
+        if sys.argv and sys.argv[0].endswith("mmrl")
+        else "mmrl.sft.run_sft(...)"
+    )
+    text = f"""# Supervised warm start: {out.name}
+
+Made by `{cmd}` with mmrl's `run_sft` (torch {torch.__version__}, transformers {transformers.__version__}, CPU).
+
+- base model: `{cfg.model.path}`
+- records: the first {n_records} of `{cfg.data.train}` (built by `{cfg.data.builder}`, seed {cfg.train.seed})
+- objective: mean token cross-entropy (label smoothing {cfg.sft.label_smoothing}) of `answer + <|im_end|>` after the chat prompt (images at {cfg.model.min_pixels}..{cfg.model.max_pixels} px)
+- optimiser: AdamW lr {cfg.sft.lr}, {cfg.sft.steps} steps x {cfg.sft.batch_size} records, grad-norm clip 1.0, seed {cfg.train.seed}
+- final training loss: {final_loss:.4f} (per-step losses in `sft_metrics.jsonl`; full config in `sft_config.json`)
+
+The weights are in `model/` (HF format: `AutoModelForImageTextToText.from_pretrained("{out}/model")`).
+"""
+    (out / "README.md").write_text(text)

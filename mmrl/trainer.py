@@ -357,8 +357,15 @@ class Trainer:
             for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])
         ]
         scores = [r.score for r in self.reward(inputs)]
-        acc = sum(s >= self.cfg.eval.success_threshold - 1e-6 for s in scores) / len(scores)
-        return {"eval/accuracy": acc, "eval/reward_mean": sum(scores) / len(scores)}
+        ok = [sc >= self.cfg.eval.success_threshold - 1e-6 for sc in scores]
+        out = {"eval/accuracy": sum(ok) / len(ok), "eval/reward_mean": sum(scores) / len(scores)}
+        key = self.cfg.eval.group_by
+        if key:
+            groups_ok: dict[str, list[bool]] = {}
+            for s, good in zip(self.eval_data, ok):
+                groups_ok.setdefault(str(s.metadata.get(key, "none")), []).append(good)
+            out |= {f"eval/accuracy/{g}": sum(v) / len(v) for g, v in sorted(groups_ok.items())}
+        return out
 
     def _write_rollouts(self, samples, groups, rewards: torch.Tensor, keep: int = 2) -> None:
         with (self.out / "rollouts.jsonl").open("a") as f:
