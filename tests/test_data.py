@@ -70,3 +70,13 @@ def test_skip_mode_lists_skipped(tmp_path, img):
     d.write_skipped(tmp_path / "out" / "skipped.jsonl")
     d.write_skipped(tmp_path / "out" / "skipped.jsonl")  # appended, never truncated
     assert len((tmp_path / "out" / "skipped.jsonl").read_text().splitlines()) == 4
+
+
+def test_parquet_records(tmp_path, img):
+    pa = pytest.importorskip("pyarrow", reason="pyarrow (installed with the dev extra) reads parquet")
+    import pyarrow.parquet as pq
+
+    rows = [{"id": "p1", "prompt": "Q?", "images": [img], "answer": "red", "metadata": {"kind": "colour"}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    s = load_dataset(tmp_path / "d.parquet").samples[0]
+    assert (s.id, s.answer, s.metadata, s.images) == ("p1", "red", {"kind": "colour"}, [str(tmp_path / img)])
