@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmrl.config import DataConfig
 from mmrl.types import Sample
 
 ALLOWED_KEYS = {"id", "prompt", "messages", "images", "videos", "answer", "metadata"}
@@ -218,3 +219,12 @@ def load_dataset(
     if not samples:
         raise DataError(f"{p}: no valid records ({len(skipped)} skipped)")
     return LoadedData(samples=samples, skipped=skipped)
+
+
+def load_split(cfg: DataConfig, path: str, skipped_to: Path) -> list[Sample]:
+    """Load one split with the run's data settings, listing skipped records in ``skipped_to``."""
+    data = load_dataset(
+        path, on_bad_record=cfg.on_bad_record, system_prompt=cfg.system_prompt, check_media=cfg.check_media
+    )
+    data.write_skipped(skipped_to)
+    return data.samples

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from mmrl.config import Config, to_dict
-from mmrl.data import ensure_built, load_dataset
+from mmrl.data import ensure_built, load_split
 from mmrl.policy import Policy
 from mmrl.trainer import seed_everything
 
@@ -28,11 +28,8 @@ def run_sft(cfg: Config, output_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.train.seed)
     ensure_built(cfg.data.train, cfg.data.builder)
-    data = load_dataset(
-        cfg.data.train, on_bad_record=cfg.data.on_bad_record, system_prompt=cfg.data.system_prompt
-    )
-    data.write_skipped(out / "skipped.jsonl")
-    samples = data.samples[: cfg.sft.max_records] if cfg.sft.max_records else data.samples
+    samples = load_split(cfg.data, cfg.data.train, out / "skipped.jsonl")
+    samples = samples[: cfg.sft.max_records] if cfg.sft.max_records else samples
     policy = Policy.from_pretrained(cfg.model)
     tok = policy.tokenizer
     end_id = tok.convert_tokens_to_ids("<|im_end|>")

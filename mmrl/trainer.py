@@ -25,7 +25,7 @@ import torch
 from mmrl.algos import ADVANTAGES, LOSSES, aggregate, kl_k3
 from mmrl.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from mmrl.config import Config, to_dict
-from mmrl.data import ensure_built, load_dataset
+from mmrl.data import ensure_built, load_split
 from mmrl.logging import MetricsLogger
 from mmrl.policy import EncodedPrompt, Policy
 from mmrl.rewards.compose import CompositeReward, RewardConfig
@@ -92,24 +92,11 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         seed_everything(cfg.train.seed)
         ensure_built(cfg.data.train, cfg.data.builder)
-        data = load_dataset(
-            cfg.data.train,
-            on_bad_record=cfg.data.on_bad_record,
-            system_prompt=cfg.data.system_prompt,
-            check_media=cfg.data.check_media,
-        )
-        data.write_skipped(self.out / "skipped.jsonl")
-        self.train_data = data.samples
+        skipped = self.out / "skipped.jsonl"
+        self.train_data = load_split(cfg.data, cfg.data.train, skipped)
         self.eval_data: list[Sample] = []
         if cfg.data.eval:
-            ev = load_dataset(
-                cfg.data.eval,
-                on_bad_record=cfg.data.on_bad_record,
-                system_prompt=cfg.data.system_prompt,
-                check_media=cfg.data.check_media,
-            )
-            ev.write_skipped(self.out / "skipped.jsonl")
-            self.eval_data = ev.samples[: cfg.eval.max_samples]
+            self.eval_data = load_split(cfg.data, cfg.data.eval, skipped)[: cfg.eval.max_samples]
         ckpt = self._resume_point() if resume else None
         self.policy = Policy.from_pretrained(cfg.model, path=str(ckpt / "model") if ckpt else None)
         self.ref = Policy.from_pretrained(cfg.model) if cfg.algo.kl_coef > 0 else None

@@ -70,16 +70,43 @@ def make_record(rng: random.Random, idx: int, split: str) -> tuple[dict, Image.I
     return rec, img
 
 
-def build(folder: str | Path, *, n_train: int = 2000, n_eval: int = 200, seed: int = 0) -> dict[str, Path]:
-    """Write ``train.jsonl``, ``eval.jsonl`` and ``images/`` under ``folder``; return the two JSONL paths."""
+# The warm-start split over-represents one answer per question kind (see ``build``).
+MAJORITY = {"colour": "red", "shape": "circle", "count": "1", "position": "left"}
+
+
+def build(
+    folder: str | Path,
+    *,
+    n_train: int = 2000,
+    n_eval: int = 200,
+    n_sft: int = 2000,
+    sft_keep_other: float = 0.2,
+    seed: int = 0,
+) -> dict[str, Path]:
+    """Write ``train.jsonl`` (RL prompts), ``eval.jsonl`` (held out), ``sft.jsonl`` (warm start) and ``images/``.
+
+    ``train`` and ``eval`` draw answers uniformly. ``sft`` is a disjoint split whose records with a non-majority
+    answer are kept with probability ``sft_keep_other``, so its answers are skewed towards ``MAJORITY`` (about 60%
+    "red" among colour questions instead of 25%): the mismatch between supervised data and the RL prompt
+    distribution that RL on balanced prompts has to correct.
+    """
     root = Path(folder)
     (root / "images").mkdir(parents=True, exist_ok=True)
     paths = {}
-    for split, n, s in (("train", n_train, seed), ("eval", n_eval, seed + 1_000_003)):
+    splits = (
+        ("train", n_train, seed, 1.0),
+        ("eval", n_eval, seed + 1_000_003, 1.0),
+        ("sft", n_sft, seed + 2_000_029, sft_keep_other),
+    )
+    for split, n, s, keep_other in splits:
         rng = random.Random(s)
-        lines = []
-        for i in range(n):
+        lines: list[str] = []
+        i = 0
+        while len(lines) < n:
             rec, img = make_record(rng, i, split)
+            i += 1
+            if rec["answer"] != MAJORITY[rec["metadata"]["kind"]] and rng.random() >= keep_other:
+                continue
             img.save(root / rec["images"][0], optimize=True)
             lines.append(json.dumps(rec))
         paths[split] = root / f"{split}.jsonl"
