@@ -5,10 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-if ! command -v pdflatex >/dev/null || ! command -v pdftoppm >/dev/null || ! command -v chromium >/dev/null; then
+if ! command -v pdflatex >/dev/null || ! command -v pdftoppm >/dev/null || ! command -v chromium >/dev/null \
+  || ! dpkg -s cm-super >/dev/null 2>&1; then
   $SUDO apt-get update -q
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
-    texlive-latex-base texlive-latex-recommended texlive-latex-extra poppler-utils chromium
+    texlive-latex-base texlive-latex-recommended texlive-latex-extra cm-super poppler-utils chromium
 fi
 PY=${PYTHON:-python3}
 $PY -m pip install -q torch==2.14.1 torchvision==0.29.1

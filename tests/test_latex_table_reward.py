@@ -1,0 +1,224 @@
+"""The latex_table reward (Table2LaTeX-RL, ALGORITHMS.md §4) on real renders, and the plain HTML teds reward.
+
+Exact values are written out where they do not depend on glyph rasterisation (compile, teds_s, acc, form, the
+score, CW-SSIM of identical renders). ``visual`` of two DIFFERENT renders depends on the fonts and the rasteriser
+(TeX Live, cm-super, PDFium versions), so those are checked against ranges chosen with a wide margin from the
+0.6 threshold the binary scheme uses.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from mmrl.rewards.base import REWARDS, call_reward, validate_options
+from mmrl.rewards.latex_table import extract_block, latex_table, teds_reward
+from mmrl.rewards.latex_table_html import latex_to_html
+from mmrl.rewards.sandbox import render_latex
+from mmrl.rewards.ssim import haar_ssim
+
+from mmrl.types import RewardInput
+
+pytestmark = pytest.mark.tex
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "pubtabnet"
+
+REF = r"""\begin{tabular}{lcc}
+\toprule
+Method & Acc & F1 \\
+\midrule
+Baseline & 71.2 & 68.4 \\
+Ours & \textbf{75.9} & \textbf{73.1} \\
+\bottomrule
+\end{tabular}"""
+NEAR_MISS = REF.replace("68.4", "68.9")
+EXTRA_COLUMN = r"""\begin{tabular}{lccc}
+\toprule
+Method & Acc & F1 & Training time (hours) \\
+\midrule
+Baseline & 71.2 & 68.4 & 12.5 \\
+Ours & \textbf{75.9} & \textbf{73.1} & 14.0 \\
+\bottomrule
+\end{tabular}"""
+TRUNCATED = REF[: REF.index("Baseline")]
+UNDEFINED_COMMAND = REF.replace(r"\textbf{75.9}", r"\textbff{75.9}")
+FENCED = f"Sure! Here is the table:\n\n```latex\n{REF}\n```\n\nLet me know if you need anything else."
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_tex():
+    if shutil.which("pdflatex") is None:
+        pytest.skip("pdflatex is not installed (TeX Live is installed by .ci/run)")
+
+
+def _score(responses: dict[str, str], **options) -> dict:
+    batch = [RewardInput(id=k, response=v, reference=REF) for k, v in responses.items()]
+    return dict(zip(responses, latex_table(batch, **options)))
+
+
+def test_binary_scheme_on_real_cases():
+    r = _score(
+        {
+            "exact": REF,
+            "near": NEAR_MISS,
+            "extra_column": EXTRA_COLUMN,
+            "truncated": TRUNCATED,
+            "undefined": UNDEFINED_COMMAND,
+            "fenced": FENCED,
+            "empty": "",
+        }
+    )
+    exact = r["exact"]
+    assert exact.score == 2.0 and exact.error is None
+    assert exact.parts == {
+        "compile": 1.0,
+        "teds_s": 1.0,
+        "visual": pytest.approx(1.0, abs=1e-12),
+        "acc": 1.0,
+        "form": 1.0,
+    }
+
+    near = r["near"]  # one cell's text differs: the structure is identical, the render nearly so
+    assert near.parts["compile"] == 1.0 and near.parts["teds_s"] == 1.0
+    assert 0.95 < near.parts["visual"] < 1.0
+    assert (near.parts["acc"], near.parts["form"], near.score) == (1.0, 1.0, 2.0)
+
+    # Response tree below <table>: thead, tbody, 3 tr, 12 td = 17 elements; deleting the 3 extra td gives the
+    # reference, so TEDS-S = 1 - 3/17. The wider render scores far below the 0.6 visual threshold.
+    extra = r["extra_column"]
+    assert extra.parts["compile"] == 1.0
+    assert extra.parts["teds_s"] == pytest.approx(1 - 3 / 17, abs=1e-12)
+    assert 0.25 < extra.parts["visual"] < 0.55
+    assert (extra.parts["acc"], extra.parts["form"], extra.score) == (0.0, 0.0, 0.0)
+
+    assert r["truncated"].parts == {"compile": 0.0, "teds_s": 0.0, "visual": 0.0, "acc": 0.0, "form": 0.0}
+    assert r["truncated"].score == 0.0
+    # The paper's form term ignores compilation: right structure, failed compile -> form 1, acc 0.
+    assert r["undefined"].parts == {"compile": 0.0, "teds_s": 1.0, "visual": 0.0, "acc": 0.0, "form": 1.0}
+    assert r["undefined"].score == 1.0
+
+    assert r["fenced"].parts == exact.parts and r["fenced"].score == 2.0
+    assert r["empty"].parts == {"compile": 0.0, "teds_s": 0.0, "visual": 0.0, "acc": 0.0, "form": 0.0}
+
+
+def test_continuous_scheme():
+    r = _score(
+        {"exact": REF, "near": NEAR_MISS, "extra": EXTRA_COLUMN, "undefined": UNDEFINED_COMMAND},
+        scheme="continuous",
+    )
+    assert r["exact"].score == pytest.approx(1.0, abs=1e-12)
+    assert set(r["exact"].parts) == {"compile", "teds_s", "visual"}
+    near = r["near"]
+    assert near.score == pytest.approx(0.5 * 1.0 + 0.5 * near.parts["visual"])
+    extra = r["extra"]
+    assert extra.score == pytest.approx(0.5 * (1 - 3 / 17) + 0.5 * extra.parts["visual"])
+    assert r["undefined"].score == 0.0  # compile gates everything in this scheme
+
+
+def test_haar_ssim_option_uses_the_authors_metric():
+    r = _score({"exact": REF, "near": NEAR_MISS}, visual="haar_ssim")
+    image = render_latex([REF])[0].image
+    assert r["exact"].parts["visual"] == pytest.approx(haar_ssim(image, image), abs=1e-12)
+    assert (
+        r["exact"].parts["visual"] > 1.0
+    )  # their covariance uses ddof=1: identical images score n / (n - 1)
+    assert r["exact"].score == 2.0
+    assert 0.9 < r["near"].parts["visual"] < 1.0
+
+
+def test_batching_does_not_change_any_result():
+    responses = {
+        "exact": REF,
+        "near": NEAR_MISS,
+        "extra": EXTRA_COLUMN,
+        "bad": UNDEFINED_COMMAND,
+        "trunc": TRUNCATED,
+    }
+    together = _score(responses)
+    for name, response in responses.items():
+        alone = _score({name: response})[name]
+        assert alone.score == together[name].score
+        assert alone.parts == pytest.approx(together[name].parts, abs=1e-12)
+
+
+def test_duplicate_responses_in_a_batch_get_the_same_result():
+    batch = [
+        RewardInput(id=str(i), response=r, reference=REF) for i, r in enumerate([NEAR_MISS, REF, NEAR_MISS])
+    ]
+    a, b, c = latex_table(batch)
+    assert a.parts == c.parts and a.score == c.score == 2.0 and b.score == 2.0
+
+
+def test_html_reference_scores_structure_against_the_html():
+    html_ref = latex_to_html(REF)
+    batch = [
+        RewardInput(id="h1", response=REF, reference=html_ref, metadata={"reference_format": "html"}),
+        RewardInput(
+            id="h2", response=EXTRA_COLUMN, reference=html_ref, metadata={"reference_format": "html"}
+        ),
+    ]
+    same, extra = latex_table(batch)
+    assert same.parts["compile"] == 1.0 and same.parts["teds_s"] == 1.0
+    # the visual reference is html_to_latex(html_ref) rendered: booktabs rules, no bold, so close but not identical
+    assert 0.6 < same.parts["visual"] < 1.0
+    assert extra.parts["teds_s"] == pytest.approx(1 - 3 / 17, abs=1e-12)
+
+
+def test_bad_references_are_errors_naming_the_sample():
+    batch = [
+        RewardInput(id="no-table", response=REF, reference="just text"),
+        RewardInput(id="not-compiling", response=REF, reference=UNDEFINED_COMMAND),
+        RewardInput(id="fmt", response=REF, reference=REF, metadata={"reference_format": "markdown"}),
+        RewardInput(id="fine", response=REF, reference=REF),
+    ]
+    results = call_reward(latex_table, "latex_table", batch, {})
+    for item, res in zip(batch[:3], results[:3]):
+        assert res.score == 0.0 and item.id in res.error
+    assert "does not render" in results[1].error
+    assert results[3].score == 2.0 and results[3].error is None
+
+
+def test_registration_and_options():
+    spec = REWARDS.get("latex_table")
+    assert spec.heavy and spec.fn is latex_table
+    validate_options(spec, {"scheme": "continuous", "visual": "haar_ssim", "dpi": 150, "timeout_s": 5.0})
+    with pytest.raises(ValueError, match="scheme"):
+        validate_options(spec, {"scheme": "dense"})
+    assert REWARDS.get("teds").fn is teds_reward
+
+
+def test_extract_block():
+    assert extract_block(f"<think>hmm</think><answer>{REF}</answer>", ("latex",)) == REF
+    assert extract_block(FENCED, ("latex", "tex")) == REF
+    two = f"```python\nprint(1)\n```\nthen\n```tex\n{REF}\n```"
+    assert extract_block(two, ("latex", "tex")) == REF
+    assert extract_block(f"```latex\n{REF}", ("latex",)) == REF  # truncated generation: no closing fence
+    assert extract_block(f"  {REF}\n", ("latex",)) == REF
+
+
+def test_teds_reward_on_html():
+    true = "<table><tr><td>a</td><td>b</td></tr><tr><td>c</td><td>d</td></tr></table>"
+    wrong_text = true.replace(">d<", ">x<")
+    batch = [
+        RewardInput(id="same", response=f"```html\n{true}\n```", reference=true),
+        RewardInput(id="text", response=wrong_text, reference=true),
+        RewardInput(id="none", response="I cannot read this table.", reference=true),
+    ]
+    full = teds_reward(batch)
+    structure = teds_reward(batch, structure_only=True)
+    assert [r.score for r in full] == [1.0, pytest.approx(1 - 1 / 6), 0.0]  # one of 6 nodes renamed at cost 1
+    assert [r.score for r in structure] == [1.0, 1.0, 0.0]
+
+
+def test_teds_reward_reproduces_pubtabnet_reference_scores():
+    if not SHARED.is_dir():
+        pytest.skip(f"shared reference data not found at {SHARED}")
+    gt = json.loads((SHARED / "sample_gt.json").read_text())
+    pred = json.loads((SHARED / "sample_pred.json").read_text())
+    expected = json.loads((SHARED / "expected_teds.json").read_text())
+    names = sorted(expected)
+    batch = [RewardInput(id=n, response=pred[n], reference=gt[n]["html"]) for n in names]
+    for structure_only, key in ((False, "teds"), (True, "teds_structure")):
+        scores = [r.score for r in teds_reward(batch, structure_only=structure_only)]
+        assert scores == pytest.approx([expected[n][key] for n in names], abs=1e-6)
