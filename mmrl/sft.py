@@ -8,6 +8,7 @@ tiny model cannot earn any reward, so the tiny recipes do the same. The loss is 
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -63,6 +64,9 @@ def write_card(out: Path, cfg: Config, *, n_records: int, final_loss: float) -> 
 
     import transformers
 
+    def rel(path: str) -> str:
+        return os.path.relpath(path) if os.path.isabs(path) else path
+
     cmd = (
         "mmrl " + " ".join(sys.argv[1:])
         if sys.argv and sys.argv[0].endswith("mmrl")
@@ -72,8 +76,8 @@ def write_card(out: Path, cfg: Config, *, n_records: int, final_loss: float) -> 
 
 Made by `{cmd}` with mmrl's `run_sft` (torch {torch.__version__}, transformers {transformers.__version__}, CPU).
 
-- base model: `{cfg.model.path}`
-- records: the first {n_records} of `{cfg.data.train}` (built by `{cfg.data.builder}`, seed {cfg.train.seed})
+- base model: `{rel(cfg.model.path)}`
+- records: the first {n_records} of `{rel(cfg.data.train)}` (built by `{cfg.data.builder}`, seed {cfg.train.seed})
 - objective: mean token cross-entropy (label smoothing {cfg.sft.label_smoothing}) of `answer + <|im_end|>` after the chat prompt (images at {cfg.model.min_pixels}..{cfg.model.max_pixels} px)
 - optimiser: AdamW lr {cfg.sft.lr}, {cfg.sft.steps} steps x {cfg.sft.batch_size} records, grad-norm clip 1.0, seed {cfg.train.seed}
 - final training loss: {final_loss:.4f} (per-step losses in `sft_metrics.jsonl`; full config in `sft_config.json`)

@@ -36,8 +36,11 @@ def _canvas() -> tuple[Image.Image, ImageDraw.ImageDraw]:
     return img, ImageDraw.Draw(img)
 
 
-def make_record(rng: random.Random, idx: int, split: str) -> tuple[dict, Image.Image]:
-    kind = rng.choice(["colour", "shape", "count", "position"])
+def make_record(
+    rng: random.Random, idx: int, split: str, kind_weights: dict[str, float] | None = None
+) -> tuple[dict, Image.Image]:
+    weights = kind_weights or UNIFORM
+    kind = rng.choices(list(weights), weights=list(weights.values()))[0]
     img, draw = _canvas()
     if kind in ("colour", "shape"):
         shape, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
@@ -70,6 +73,10 @@ def make_record(rng: random.Random, idx: int, split: str) -> tuple[dict, Image.I
     return rec, img
 
 
+UNIFORM = {"colour": 1.0, "shape": 1.0, "count": 1.0, "position": 1.0}
+# RL and held-out prompts: mostly colour and count, the attributes the bundled ~1M-parameter model learns within
+# minutes on a CPU; layout and shape identity it learns far more slowly (see recipes/shapes/README.md).
+RL_KIND_WEIGHTS = {"colour": 0.55, "count": 0.25, "position": 0.1, "shape": 0.1}
 # The warm-start split over-represents one answer per question kind (see ``build``).
 MAJORITY = {"colour": "red", "shape": "circle", "count": "1", "position": "left"}
 
@@ -82,10 +89,12 @@ def build(
     n_sft: int = 2000,
     sft_keep_other: float = 0.2,
     seed: int = 0,
+    kind_weights: dict[str, float] | None = None,
 ) -> dict[str, Path]:
     """Write ``train.jsonl`` (RL prompts), ``eval.jsonl`` (held out), ``sft.jsonl`` (warm start) and ``images/``.
 
-    ``train`` and ``eval`` draw answers uniformly. ``sft`` is a disjoint split whose records with a non-majority
+    ``train`` and ``eval`` draw question kinds by ``kind_weights`` (default :data:`RL_KIND_WEIGHTS`) and answers
+    uniformly. ``sft`` draws kinds uniformly and is a disjoint split whose records with a non-majority
     answer are kept with probability ``sft_keep_other``, so its answers are skewed towards ``MAJORITY`` (about 60%
     "red" among colour questions instead of 25%): the mismatch between supervised data and the RL prompt
     distribution that RL on balanced prompts has to correct.
@@ -93,17 +102,18 @@ def build(
     root = Path(folder)
     (root / "images").mkdir(parents=True, exist_ok=True)
     paths = {}
+    rl_weights = kind_weights or RL_KIND_WEIGHTS
     splits = (
-        ("train", n_train, seed, 1.0),
-        ("eval", n_eval, seed + 1_000_003, 1.0),
-        ("sft", n_sft, seed + 2_000_029, sft_keep_other),
+        ("train", n_train, seed, 1.0, rl_weights),
+        ("eval", n_eval, seed + 1_000_003, 1.0, rl_weights),
+        ("sft", n_sft, seed + 2_000_029, sft_keep_other, UNIFORM),
     )
-    for split, n, s, keep_other in splits:
+    for split, n, s, keep_other, weights in splits:
         rng = random.Random(s)
         lines: list[str] = []
         i = 0
         while len(lines) < n:
-            rec, img = make_record(rng, i, split)
+            rec, img = make_record(rng, i, split, weights)
             i += 1
             if rec["answer"] != MAJORITY[rec["metadata"]["kind"]] and rng.random() >= keep_other:
                 continue
