@@ -104,6 +104,10 @@ class OptimConfig:
     scheduler: Literal["constant", "linear", "cosine"] = opt(
         "learning-rate schedule after warm-up", "constant"
     )
+    schedule_steps: int | None = opt(
+        "steps the schedule spans (None = train.max_steps); fix it when a run stopped early will be resumed further",
+        None,
+    )
     micro_batch_size: int = opt(
         "sequences per forward/backward (gradient accumulation inside a mini-batch)", 16
     )

@@ -50,7 +50,8 @@ def seed_everything(seed: int) -> None:
 
 
 def build_scheduler(opt: torch.optim.Optimizer, cfg: Config) -> torch.optim.lr_scheduler.LambdaLR:
-    warm, total, kind = cfg.optim.warmup_steps, max(1, cfg.train.max_steps), cfg.optim.scheduler
+    warm, kind = cfg.optim.warmup_steps, cfg.optim.scheduler
+    total = max(1, cfg.optim.schedule_steps or cfg.train.max_steps)
 
     def factor(step: int) -> float:
         if step < warm:

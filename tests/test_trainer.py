@@ -27,7 +27,7 @@ model: {{path: {TINY}, min_pixels: 3136, max_pixels: 3136}}
 data: {{train: data/train.jsonl, eval: data/eval.jsonl}}
 rollout: {{n: 4, max_new_tokens: 3, batch_size: 8}}
 algo: {{epochs: 2, mini_batches: 2, kl_coef: 0.01, old_logprobs: recompute}}
-optim: {{lr: 0.001, micro_batch_size: 5}}
+optim: {{lr: 0.001, micro_batch_size: 5, scheduler: cosine, schedule_steps: 4}}
 rewards: [{{name: exact_match}}]
 eval: {{every: 2, max_samples: 8}}
 train: {{prompts_per_step: 4, save_every: 2, keep_checkpoints: 0, progress: false, seed: 3}}
