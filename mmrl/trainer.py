@@ -119,7 +119,7 @@ class Trainer:
         self.sched = build_scheduler(self.opt, cfg)
         self.adv_fn, self.loss_fn = ADVANTAGES.get(cfg.algo.advantage), LOSSES.get(cfg.algo.loss)
         self.logger = MetricsLogger(self.out, tensorboard=cfg.train.tensorboard)
-        self.step, self._cache, self.timings = 0, {}, {}
+        self.step, self._cache, self.timings, self._last_results = 0, {}, {}, []
         (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         if ckpt is not None:
             state = load_training_state(ckpt, self.opt, self.sched)
@@ -165,7 +165,7 @@ class Trainer:
                     metrics.update(self.evaluate())
                 metrics.update({f"time/{k}": v for k, v in self.timings.items()})
                 self.logger.log(metrics)
-                self._write_rollouts(samples, groups, rewards)
+                self._write_rollouts(samples, groups)
                 if self.step == cfg.train.max_steps or (
                     cfg.train.save_every and self.step % cfg.train.save_every == 0
                 ):
@@ -209,7 +209,7 @@ class Trainer:
             for s, p, g in zip(samples, prompts, groups)
             for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])
         ]
-        results = self.reward(inputs)
+        results = self._last_results = self.reward(inputs)
         scores = torch.tensor([r.score for r in results], dtype=torch.float32).view(len(samples), -1)
         stats: dict[str, float] = {"reward/mean": scores.mean().item(), "reward/std": scores.std().item()}
         parts: dict[str, list[float]] = {}
@@ -355,21 +355,22 @@ class Trainer:
             out |= {f"eval/accuracy/{g}": sum(v) / len(v) for g, v in sorted(groups_ok.items())}
         return out
 
-    def _write_rollouts(self, samples, groups, rewards: torch.Tensor, keep: int = 2) -> None:
+    def _write_rollouts(self, samples, groups, keep: int = 2) -> None:
+        """Append the first ``keep`` groups of the step, each response with its reward and reward parts."""
+        G = len(groups[0])
         with (self.out / "rollouts.jsonl").open("a") as f:
-            for s, g, r in list(zip(samples, groups, rewards.tolist()))[:keep]:
-                f.write(
-                    json.dumps(
-                        {
-                            "step": self.step,
-                            "id": s.id,
-                            "answer": s.answer,
-                            "responses": [c.text for c in g],
-                            "rewards": r,
-                        }
-                    )
-                    + "\n"
-                )
+            for b, (s, g) in enumerate(list(zip(samples, groups))[:keep]):
+                results = self._last_results[b * G : (b + 1) * G]
+                row = {
+                    "step": self.step,
+                    "id": s.id,
+                    "answer": s.answer,
+                    "responses": [
+                        {"text": c.text, "finish": c.finish_reason, "reward": r.score, "parts": r.parts}
+                        for c, r in zip(g, results)
+                    ],
+                }
+                f.write(json.dumps(row) + "\n")
 
     def save(self) -> Path:
         state = {"sampler": self.sampler.state_dict(), "config": to_dict(self.cfg)}

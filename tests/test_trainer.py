@@ -68,6 +68,10 @@ def test_checkpoint_model_loads_with_transformers(recipe, tmp_path):
     assert {"model", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json"} <= {p.name for p in ck.iterdir()}
     AutoModelForImageTextToText.from_pretrained(ck / "model")
     assert type(AutoProcessor.from_pretrained(ck / "model")).__name__ == "Qwen2_5_VLProcessor"
+    rollout = json.loads((out / "rollouts.jsonl").read_text().splitlines()[0])
+    assert rollout["step"] == 1 and len(rollout["responses"]) == 4
+    first = rollout["responses"][0]
+    assert first["reward"] in (0.0, 1.0) and first["parts"]["exact_match"] == first["reward"]
     state = json.loads((ck / "state.json").read_text())
     assert state["step"] == 2 and state["sampler"]["pos"] == 8
 
