@@ -12,9 +12,16 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mmrl.rewards.base import REWARDS, call_reward, validate_options
-from mmrl.rewards.latex_table import extract_block, latex_table, teds_reward
+from mmrl.rewards.latex_table import (
+    extract_block,
+    latex_table,
+    teds_reward,
+    visual_similarities,
+    visual_similarity,
+)
 from mmrl.rewards.latex_table_html import latex_to_html
 from mmrl.rewards.sandbox import render_latex
 from mmrl.rewards.ssim import haar_ssim
@@ -140,6 +147,24 @@ def test_batching_does_not_change_any_result():
         alone = _score({name: response})[name]
         assert alone.score == together[name].score
         assert alone.parts == pytest.approx(together[name].parts, abs=1e-12)
+
+
+def test_visual_similarities_of_a_group_equal_the_pairwise_values():
+    """One reference's pyramid serves the whole group; resizing, white padding and the identity shortcut apply
+    to each response as they do alone."""
+    ref = render_latex([REF])[0].image
+    near, extra = (r.image for r in render_latex([NEAR_MISS, EXTRA_COLUMN]))
+    preds = [near, extra, ref, ref[:, : ref.shape[1] // 2]]  # same size, wider (shrunk), identical, narrower
+    for metric in ("cw_ssim", "haar_ssim"):
+        group = visual_similarities(preds, ref, metric)
+        assert group == [visual_similarity(p, ref, metric) for p in preds]
+    assert group[2] > 1.0  # haar_ssim of identical images: n / (n - 1)
+    assert visual_similarities(preds, ref, "cw_ssim")[2] == 1.0
+    tiny = np.ones((10, 40), np.float32)
+    tiny[4:6, 5:35] = 0.0  # a 10-pixel-high render is padded with white to 16 pixels
+    assert 0.0 < visual_similarities([np.roll(tiny, 2, axis=1)], tiny, "cw_ssim")[0] < 1.0
+    with pytest.raises(ValueError, match="unknown visual metric"):
+        visual_similarities(preds, ref, "ssim")
 
 
 def test_duplicate_responses_in_a_batch_get_the_same_result():

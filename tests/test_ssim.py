@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
-from mmrl.rewards.ssim import cw_ssim, haar_ssim, pyssim_cw_ssim, steerable_pyramid
+from mmrl.rewards.ssim import CwSsimReference, cw_ssim, haar_ssim, pyssim_cw_ssim, steerable_pyramid
 from PIL import Image
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -87,3 +88,95 @@ def test_steerable_pyramid_is_a_tight_frame_per_orientation_pair() -> None:
     bands = steerable_pyramid(img, levels=3, orientations=4)
     assert [b.shape for b in bands[::4]] == [(64, 48), (32, 24), (16, 12)]
     assert all(np.iscomplexobj(b) and np.abs(b.imag).max() > 0 for b in bands)
+
+
+def _direct_cw_ssim(
+    a: np.ndarray, b: np.ndarray, K: float, window: int, levels: int, orientations: int
+) -> float:
+    """The plain float64 port of ``buildSCFpyr`` + CW-SSIM that the fast implementation replaced: centred
+    spectra, masks interpolated from matlabPyrTools' tables for every band, summed-area-table window sums."""
+    h, w = a.shape
+    xr, yr = np.meshgrid((np.arange(w) - w // 2) / (w / 2), (np.arange(h) - h // 2) / (h / 2))
+    angle, rad = np.arctan2(yr, xr), np.hypot(xr, yr)
+    rad[h // 2, w // 2] = rad[h // 2, w // 2 - 1]
+    log_rad = np.log2(rad)
+    x = np.pi * np.arange(-257, 2) / 512
+    yrcos = np.cos(x) ** 2
+    yrcos[0], yrcos[-1] = yrcos[1], yrcos[-2]
+    xrcos, yrcos = -0.5 + (2 / np.pi) * (x + np.pi / 4), np.sqrt(yrcos)
+    yircos = np.sqrt(1 - yrcos**2)
+    order = orientations - 1
+    const = 2 ** (2 * order) * math.factorial(order) ** 2 / (orientations * math.factorial(2 * order))
+    xcosn = np.pi * np.arange(-2049, 1026) / 1024
+    alpha = np.mod(np.pi + xcosn, 2 * np.pi) - np.pi
+    ycosn = 2 * np.sqrt(const) * np.cos(xcosn) ** order * (np.abs(alpha) < np.pi / 2)
+    lodft = np.fft.fftshift(np.fft.fft2(np.stack([a, b])), axes=(-2, -1)) * np.interp(log_rad, xrcos, yircos)
+
+    def crop(z: np.ndarray) -> np.ndarray:
+        dims = np.array(z.shape[-2:])
+        lodims = np.ceil((dims - 0.5) / 2).astype(int)
+        start = np.ceil((dims + 0.5) / 2).astype(int) - np.ceil((lodims + 0.5) / 2).astype(int)
+        return z[..., start[0] : start[0] + lodims[0], start[1] : start[1] + lodims[1]]
+
+    def box(z: np.ndarray) -> np.ndarray:
+        c = np.pad(np.cumsum(np.cumsum(z, axis=-2), axis=-1), [(1, 0), (1, 0)])
+        n = window
+        return c[n:, n:] - c[:-n, n:] - c[n:, :-n] + c[:-n, :-n]
+
+    scores = []
+    for _ in range(min(levels, int(math.log2(min(h, w))) - 2)):
+        xrcos = xrcos - 1
+        himask = np.interp(log_rad, xrcos, yrcos)
+        for k in range(orientations):
+            mask = np.interp(angle, xcosn + np.pi * k / orientations, ycosn) * himask
+            c1, c2 = np.fft.ifft2(np.fft.ifftshift(lodft * mask, axes=(-2, -1)))
+            s = (2 * np.abs(box(c1 * np.conj(c2))) + K) / (box(np.abs(c1) ** 2 + np.abs(c2) ** 2) + K)
+            scores.append(s.mean())
+        log_rad, angle, lodft = crop(log_rad), crop(angle), crop(lodft)
+        lodft = lodft * np.interp(log_rad, xrcos, yircos)
+    return float(np.mean(scores))
+
+
+@pytest.mark.parametrize(
+    ("shape", "levels", "orientations", "window"),
+    [
+        ((64, 48), 3, 4, 7),
+        ((33, 70), 4, 8, 5),
+        ((97, 131), 4, 8, 7),
+        ((17, 200), 4, 6, 3),
+        ((50, 51), 2, 8, 8),
+    ],
+)
+def test_cw_ssim_matches_the_direct_float64_pyramid(shape, levels, orientations, window) -> None:
+    """float32 FFTs, FFT-order cached masks, closed-form angular masks and OpenCV window sums change the score
+    by rounding only (the benchmark's 48 render pairs: at most 5e-7)."""
+    rng = np.random.default_rng(sum(shape))
+    a = rng.random(shape)
+    b = np.clip(a + 0.2 * rng.standard_normal(shape), 0, 1)
+    for x, y in ((a, b), (a, _shift(a, 3)), (a, np.ones(shape))):
+        direct = _direct_cw_ssim(x, y, 0.01, window, levels, orientations)
+        fast = cw_ssim(x, y, levels=levels, orientations=orientations, window=window)
+        assert fast == pytest.approx(direct, abs=1e-5)
+
+
+def test_cw_ssim_matches_the_direct_float64_pyramid_on_a_table() -> None:
+    img = _table()
+    for other in (
+        _shift(img, 2),
+        np.clip(img + 0.1 * np.random.default_rng(2).standard_normal(img.shape), 0, 1),
+    ):
+        assert cw_ssim(img, other) == pytest.approx(_direct_cw_ssim(img, other, 0.01, 7, 4, 8), abs=1e-5)
+
+
+def test_reference_reuse_gives_the_pairwise_scores() -> None:
+    rng = np.random.default_rng(3)
+    ref = rng.random((70, 90))
+    others = [np.clip(ref + s * rng.standard_normal(ref.shape), 0, 1) for s in (0.05, 0.2, 0.5)]
+    reference = CwSsimReference(ref, window=5, levels=3)
+    scores = [reference.score(o) for o in others]
+    assert scores == [cw_ssim(o, ref, window=5, levels=3) for o in others]
+    assert scores == sorted(scores, reverse=True)
+    assert reference.score(ref) == 1.0
+    assert cw_ssim(ref, others[1]) == pytest.approx(cw_ssim(others[1], ref), abs=1e-6)  # symmetric
+    with pytest.raises(ValueError, match="same shape"):
+        reference.score(ref[:, :80])
