@@ -60,8 +60,6 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from datasets import Dataset  # noqa: E402
-from mmrl.recipes.shapes.data import build  # noqa: E402
-from mmrl.rewards.text import answer_text, normalize_text  # noqa: E402
 from PIL import Image  # noqa: E402
 from transformers import AutoModelForImageTextToText, AutoProcessor, PrinterCallback, TrainerCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
@@ -69,6 +67,8 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from mmrl.config import load_config  # noqa: E402
 from mmrl.logging import read_metrics  # noqa: E402
+from mmrl.recipes.shapes.data import build  # noqa: E402
+from mmrl.rewards.text import answer_text, normalize_text  # noqa: E402
 from mmrl.trainer import Trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
+
 from mmrl.rewards import latex_table as lt
 from mmrl.rewards.latex_table_html import html_to_latex
 from mmrl.rewards.sandbox import PREAMBLE, format_dir, render_latex
-from PIL import Image
-
 from mmrl.types import RewardInput
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "pubtabnet"

@@ -16,8 +16,9 @@ import argparse
 import random
 import time
 
-from mmrl.rewards.teds import teds
 from table_recognition_metric import TEDS
+
+from mmrl.rewards.teds import teds
 
 
 def make_table(rows: int, cols: int, *, perturb: bool, seed: int = 0) -> str:

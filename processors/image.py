@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
 from mmrl.processors.errors import MediaError, resolve_media_path
 from mmrl.processors.geometry import (
     IMAGE_FACTOR,
@@ -46,7 +48,6 @@ from mmrl.processors.geometry import (
     original_to_model,
     smart_resize,
 )
-from PIL import Image, ImageOps, UnidentifiedImageError
 
 ImageSource = str | os.PathLike | bytes | bytearray | memoryview | Image.Image
 

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+from PIL import Image
+
 from mmrl.processors.errors import MediaError, resolve_media_path
 from mmrl.processors.geometry import IMAGE_FACTOR, GeometryError, smart_resize
-from PIL import Image
 
 FRAME_FACTOR = 2  # Qwen2/2.5-VL's temporal patch size: frames enter the model in pairs
 BACKENDS = ("auto", "decord", "opencv")

@@ -49,7 +49,6 @@ from mmrl.rewards.base import (
     validate_options,
     worker_ref,
 )
-
 from mmrl.types import RewardInput, RewardResult
 
 logger = logging.getLogger("mmrl.rewards")

@@ -35,7 +35,6 @@ from mmrl.rewards.text import (
     normalize_text,
     reference_letters,
 )
-
 from mmrl.types import RewardInput, RewardResult
 
 

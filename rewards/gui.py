@@ -45,7 +45,6 @@ from typing import Any, Literal
 from mmrl.processors.geometry import model_to_original
 from mmrl.rewards.base import register_reward
 from mmrl.rewards.text import extract_answer, is_think_answer, token_f1
-
 from mmrl.types import RewardInput, RewardResult
 
 logger = logging.getLogger("mmrl.rewards")

@@ -43,16 +43,18 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from pathlib import Path
 from typing import Literal
 
 import cv2
 import numpy as np
+from PIL import Image
+
 from mmrl.rewards.base import register_reward
 from mmrl.rewards.latex_table_html import LatexTableParseError, html_to_latex, latex_to_html
 from mmrl.rewards.sandbox import RenderResult, render_latex
 from mmrl.rewards.ssim import CwSsimReference, cw_ssim, haar_ssim
 from mmrl.rewards.teds import teds
-
 from mmrl.types import RewardInput, RewardResult
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
@@ -221,12 +223,28 @@ def latex_table(
         if isinstance(ref, str):
             out.append(RewardResult(score=0.0, error=ref))
             continue
+        if item.metadata.get("render_dir"):
+            save_renders(Path(item.metadata["render_dir"]), item.id, rendered[pred], rendered[ref[0]])
         if (pred, ref[0]) not in scored:
             scored[(pred, ref[0])] = _score(
                 item, rendered[pred], rendered[ref[0]], pred, ref[1], scheme, vis.get((pred, ref[0]), 0.0)
             )
         out.append(scored[(pred, ref[0])])
     return out
+
+
+def save_renders(folder: Path, sample_id: str, pred: RenderResult, ref: RenderResult) -> None:
+    """Keep the renders for a person to look at (``mmrl reward ... --render-dir DIR``): ``<id>-response.png`` and
+    ``<id>-reference.png``, or ``<id>-response.error.txt`` saying why the response did not render."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", sample_id)[:100] or "sample"
+    for name, r in (("response", pred), ("reference", ref)):
+        if r.ok and r.image is not None:
+            Image.fromarray((np.clip(r.image, 0.0, 1.0) * 255).round().astype(np.uint8)).save(
+                folder / f"{stem}-{name}.png"
+            )
+        else:
+            (folder / f"{stem}-{name}.error.txt").write_text(str(r.error) + "\n")
 
 
 def _score(item, pred_render, ref_render, pred, ref_html, scheme, visual: float) -> RewardResult:

@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from PIL import Image, ImageDraw
+
 from mmrl.rewards.base import register_reward
 from mmrl.rewards.gui import parse_literal, to_original
 from mmrl.rewards.text import (
@@ -46,8 +48,6 @@ from mmrl.rewards.text import (
     reference_letters,
     token_f1,
 )
-from PIL import Image, ImageDraw
-
 from mmrl.types import RewardInput, RewardResult
 
 QUESTION_TYPES = ("yes_no", "multiple_choice", "open")

@@ -84,6 +84,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from mmrl.rewards import landlock
 
 PACKAGES = tuple("amsmath booktabs multirow tabularx multicol bm xcolor graphicx makecell array".split())

@@ -6,7 +6,6 @@ import os
 import time
 
 from mmrl.rewards.base import register_reward
-
 from mmrl.types import RewardInput, RewardResult
 
 SCORED: list[str] = []  # ids scored in this process by `counted_length`, to check the composite's cache

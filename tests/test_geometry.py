@@ -4,6 +4,7 @@ qwen-vl-utils' own smart_resize."""
 import itertools
 
 import pytest
+
 from mmrl.processors.geometry import (
     GeometryError,
     model_to_original,

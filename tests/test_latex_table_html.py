@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from lxml import html as lxml_html
+
 from mmrl.rewards.latex_table_html import LatexTableParseError, html_to_latex, latex_to_html
 from mmrl.rewards.teds import teds
 

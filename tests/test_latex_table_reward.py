@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from mmrl.rewards.base import REWARDS, call_reward, validate_options
 from mmrl.rewards.latex_table import (
     extract_block,
@@ -25,7 +26,6 @@ from mmrl.rewards.latex_table import (
 from mmrl.rewards.latex_table_html import latex_to_html
 from mmrl.rewards.sandbox import render_latex
 from mmrl.rewards.ssim import haar_ssim
-
 from mmrl.types import RewardInput
 
 pytestmark = pytest.mark.tex
@@ -247,3 +247,19 @@ def test_teds_reward_reproduces_pubtabnet_reference_scores():
     for structure_only, key in ((False, "teds"), (True, "teds_structure")):
         scores = [r.score for r in teds_reward(batch, structure_only=structure_only)]
         assert scores == pytest.approx([expected[n][key] for n in names], abs=1e-6)
+
+
+def test_render_dir_keeps_renders_for_a_person(tmp_path):
+    from PIL import Image
+
+    table = r"\begin{tabular}{|c|c|}\hline a & b \\ \hline 1 & 2 \\ \hline\end{tabular}"
+    meta = {"render_dir": str(tmp_path / "renders")}
+    good = RewardInput("tbl/1", table, table, metadata=meta)
+    bad = RewardInput("tbl-2", r"\begin{tabular}{cc} a & \undefinedmacro \end{tabular}", table, metadata=meta)
+    results = latex_table([good, bad])
+    assert results[0].parts["compile"] == 1.0 and results[1].parts["compile"] == 0.0
+    out = tmp_path / "renders"
+    resp, ref = Image.open(out / "tbl_1-response.png"), Image.open(out / "tbl_1-reference.png")
+    assert resp.mode == "L" and resp.size == ref.size and min(resp.getdata()) < 128  # ink on white
+    assert (out / "tbl-2-response.error.txt").read_text().strip()
+    assert not (out / "tbl-2-response.png").exists()

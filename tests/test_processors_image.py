@@ -8,9 +8,10 @@ import zlib
 
 import numpy as np
 import pytest
+from PIL import Image
+
 from mmrl.processors.errors import MediaError
 from mmrl.processors.image import ImageGeometry, load_image, prepare_image, to_rgb
-from PIL import Image
 
 RID = "tbl-0042"
 

@@ -8,6 +8,7 @@ import struct
 import cv2
 import numpy as np
 import pytest
+
 from mmrl.processors import video
 from mmrl.processors.errors import MediaError
 from mmrl.processors.geometry import smart_resize

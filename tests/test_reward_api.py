@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from mmrl.rewards.base import (
     REWARDS,
     RewardSpec,
@@ -13,7 +14,6 @@ from mmrl.rewards.base import (
     validate_options,
 )
 from mmrl.rewards.compose import CompositeReward, RewardConfig
-
 from mmrl.types import RewardInput, RewardResult
 
 PLUGIN = Path(__file__).resolve().parent / "reward_plugin_example.py"

@@ -1,9 +1,9 @@
 import json
 
 import pytest
+
 from mmrl.processors.geometry import model_to_original, smart_resize
 from mmrl.rewards.gui import gui_action, parse_action
-
 from mmrl.types import RewardInput
 
 # A 1920x1080 screenshot seen by the model at max_pixels = 1280 * 28 * 28: smart_resize gives 1316x728.

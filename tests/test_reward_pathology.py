@@ -1,9 +1,9 @@
 from pathlib import Path
 
 import pytest
+
 from mmrl.processors.geometry import smart_resize
 from mmrl.rewards.pathology import as_polygon, mask_iou, pathology, question_type, split_answer
-
 from mmrl.types import RewardInput
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

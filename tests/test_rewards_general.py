@@ -4,6 +4,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from mmrl.rewards.general import (
     exact_match,
     format_think_answer,
@@ -12,7 +13,6 @@ from mmrl.rewards.general import (
     noisy_correct,
     overlong_penalty,
 )
-
 from mmrl.types import RewardInput
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

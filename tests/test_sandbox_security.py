@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from mmrl.rewards import landlock, sandbox
-from mmrl.rewards.sandbox import HtmlRenderer, render_latex
 from PIL import Image
 
+from mmrl.rewards import landlock, sandbox
+from mmrl.rewards.sandbox import HtmlRenderer, render_latex
 from mmrl.types import RewardInput
 
 TEX = pytest.mark.tex

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mmrl.rewards.ssim import CwSsimReference, cw_ssim, haar_ssim, pyssim_cw_ssim, steerable_pyramid
 from PIL import Image
+
+from mmrl.rewards.ssim import CwSsimReference, cw_ssim, haar_ssim, pyssim_cw_ssim, steerable_pyramid
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PYSSIM = DATA / "pyssim" / "test-images"

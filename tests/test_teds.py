@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from mmrl.rewards.teds import teds
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "pubtabnet"
