@@ -23,6 +23,7 @@ def sample(tmp_path_factory):
 def _grads(cfg, sample):
     torch.manual_seed(0)
     pol = Policy.from_pretrained(cfg)
+    assert pol.model.is_gradient_checkpointing == cfg.gradient_checkpointing
     pol.model.train()
     logp, _, mask = pol.logprobs([pol.encode(sample)], [[5, 6, 7, 8]])
     (-(logp * mask).sum()).backward()
