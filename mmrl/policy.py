@@ -86,7 +86,9 @@ class Policy:
             )
         if cfg.gradient_checkpointing:
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.23 renamed it
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+                model.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs={"use_reentrant": False}
+                )
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False

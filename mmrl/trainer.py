@@ -120,6 +120,7 @@ class Trainer:
         self.adv_fn, self.loss_fn = ADVANTAGES.get(cfg.algo.advantage), LOSSES.get(cfg.algo.loss)
         self.logger = MetricsLogger(self.out, tensorboard=cfg.train.tensorboard)
         self.step, self._cache, self.timings, self._last_results = 0, {}, {}, []
+        self._reward_counts: dict[str, int] = {}
         (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         if ckpt is not None:
             state = load_training_state(ckpt, self.opt, self.sched)
@@ -219,6 +220,12 @@ class Trainer:
         stats.update({k: sum(v) / len(v) for k, v in parts.items()})
         errors = [e for r in results for e in r.errors]
         stats["reward/errors"] = len(errors)
+        # process diagnostics (the reward cache is not checkpointed): per-step counts under sys/, like time/*
+        pool, prev = self.reward.stats(), self._reward_counts
+        self._reward_counts = {
+            k: pool[k] for k in ("cache_hits", "cache_misses", "timeouts", "pool_restarts")
+        }
+        stats |= {f"sys/reward_{k}": v - prev.get(k, 0) for k, v in self._reward_counts.items()}
         if errors:
             with (self.out / "reward_errors.jsonl").open("a") as f:
                 for e in errors:
