@@ -8,6 +8,7 @@ import zlib
 
 import numpy as np
 import pytest
+from media_errors import expect_media_error
 from PIL import Image
 
 from mmrl.processors.errors import MediaError
@@ -37,13 +38,7 @@ def _png_claiming_size(width: int, height: int) -> bytes:
 
 
 def _expect_error(src, *words, **kw) -> str:
-    with pytest.raises(MediaError) as info:
-        load_image(src, record_id=RID, **kw)
-    msg = str(info.value)
-    assert msg.startswith(f"sample '{RID}': "), msg
-    for w in words:
-        assert w in msg, (w, msg)
-    return msg
+    return expect_media_error(load_image, src, RID, *words, **kw)
 
 
 # --- errors -------------------------------------------------------------------------------------------------------

@@ -8,9 +8,9 @@ import struct
 import cv2
 import numpy as np
 import pytest
+from media_errors import expect_media_error
 
 from mmrl.processors import video
-from mmrl.processors.errors import MediaError
 from mmrl.processors.geometry import smart_resize
 from mmrl.processors.video import load_video, select_frame_indices
 
@@ -54,13 +54,7 @@ def _backends() -> list[str]:
 
 
 def _expect_error(path, *words, **kw) -> str:
-    with pytest.raises(MediaError) as info:
-        load_video(path, record_id=RID, **kw)
-    msg = str(info.value)
-    assert msg.startswith(f"sample '{RID}': "), msg
-    for w in words:
-        assert w in msg, (w, msg)
-    return msg
+    return expect_media_error(load_video, path, RID, *words, **kw)
 
 
 @pytest.mark.parametrize("fourcc, ext", CODECS)
