@@ -2,8 +2,10 @@
 
 ``DIR/checkpoints/step-N/`` holds ``model/`` (HF format: loadable by transformers on its own), ``optimizer.pt``,
 ``scheduler.pt``, ``rng.pt`` (python, numpy, torch CPU and CUDA generators) and ``state.json`` (step, sampler state
-with the data position, metrics line count). It is written into ``step-N.tmp``, flushed, and renamed into place;
-``--resume`` takes the highest complete ``step-N`` and ignores leftover ``.tmp`` folders.
+with the data position, metrics line count). It is written into ``step-N.tmp``, its files and the folder fsync'ed, and renamed into place;
+a ``step-N`` that already exists (the same step saved again) is first renamed to ``step-N.old`` and deleted only
+after the new one is in place, so at every instant a complete copy exists. Pruning old steps happens last.
+``--resume`` takes the highest complete ``step-N`` and ignores leftover ``.tmp``/``.old`` folders.
 """
 
 from __future__ import annotations
@@ -34,11 +36,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_tree(path: Path) -> None:
     for p in path.rglob("*"):
         if p.is_file():
             with p.open("rb") as f:
                 os.fsync(f.fileno())
+        elif p.is_dir():
+            _fsync_dir(p)
+    _fsync_dir(path)
 
 
 def save_checkpoint(
@@ -63,12 +76,19 @@ def save_checkpoint(
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
     _fsync_tree(tmp)
+    previous = root / f"step-{step}.old"
     if final.exists():
-        shutil.rmtree(final)
+        if previous.exists():
+            shutil.rmtree(previous)
+        os.replace(final, previous)
     os.replace(tmp, final)
+    _fsync_dir(root)
+    if previous.exists():
+        shutil.rmtree(previous)
     if keep > 0:
         for old in list_checkpoints(root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+    _fsync_dir(root)
     return final
 
 
@@ -80,6 +100,13 @@ def list_checkpoints(root: Path) -> list[Path]:
 
 
 def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint. A ``step-N.old`` without its ``step-N`` (a crash between the two renames
+    of a re-save) is complete and is put back first."""
+    if root.is_dir():
+        for old in root.glob("step-*.old"):
+            final = old.with_suffix("")
+            if not final.exists():
+                os.replace(old, final)
     ckpts = list_checkpoints(root)
     return ckpts[-1] if ckpts else None
 

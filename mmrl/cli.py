@@ -15,15 +15,24 @@ import sys
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from mmrl.checks import check_rewards
     from mmrl.config import load_config
-    from mmrl.report import write_report
-    from mmrl.trainer import Trainer
 
     overrides = list(args.overrides)
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
     cfg = load_config(args.config, overrides)
-    trainer = Trainer(cfg, args.output_dir, resume=args.resume)
+    check_rewards(cfg)  # the most common mistake, answered before torch is imported
+
+    from mmrl.report import write_report
+    from mmrl.rundir import RunFinished
+    from mmrl.trainer import Trainer
+
+    try:
+        trainer = Trainer(cfg, args.output_dir, resume=args.resume, overwrite=args.overwrite)
+    except RunFinished as e:
+        print(f"{e}: nothing to do")
+        return 0
     trainer.fit()
     summary = write_report(args.output_dir)
     if "start_accuracy" in summary:
@@ -94,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--output-dir", required=True)
     t.add_argument("--max-steps", type=int)
     t.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in DIR")
+    t.add_argument("--overwrite", action="store_true", help="replace the run already in DIR (its files only)")
     t.add_argument("overrides", nargs="*", help="config overrides: key.sub=value")
     t.set_defaults(fn=_cmd_train)
     s = sub.add_parser("sft", help="supervised warm start on a recipe's records")
@@ -108,12 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="versions, GPU, TeX and Chromium")
     i.set_defaults(fn=_cmd_info)
     reward_cli.add_parser(sub)
+    from mmrl.eval.cli import add_parsers as add_eval_parsers  # mmrl eval, mmrl compare
+
+    add_eval_parsers(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     from mmrl.config import ConfigError
     from mmrl.data import DataError
+    from mmrl.processors.errors import MediaError
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -124,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]  # key=value overrides may follow --options
     try:
         return int(args.fn(args) or 0)
-    except (ConfigError, DataError, FileNotFoundError) as e:
+    except (ConfigError, DataError, MediaError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

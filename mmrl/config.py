@@ -31,7 +31,10 @@ def opt(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasse
 @dataclass
 class ModelConfig:
     path: str = opt("HF model folder or hub id (loaded with from_pretrained)", "assets/tiny-qwen2.5-vl")
-    dtype: Literal["float32", "bfloat16", "float16"] = opt("parameter dtype", "float32")
+    dtype: Literal["float32", "bfloat16"] = opt(
+        "compute dtype: bfloat16 runs under autocast over fp32 master weights (frozen copies are stored in it)",
+        "float32",
+    )
     device: str = opt("'auto' (cuda if present, else cpu), 'cpu', 'cuda', 'cuda:1', ...", "auto")
     attn_implementation: str | None = opt(
         "'sdpa', 'eager', 'flash_attention_2' or None for the default", None
@@ -43,6 +46,10 @@ class ModelConfig:
     video_fps: float = opt("frames per second sampled from videos", 2.0)
     video_max_frames: int = opt("most frames taken from one video", 16)
     freeze_vision: bool = opt("keep the vision tower's weights fixed", False)
+    logits_chunk_tokens: int = opt(
+        "tokens whose full-vocabulary logits exist at once when scoring log-probs (memory: chunk x vocab x 4 B)",
+        1024,
+    )
 
 
 @dataclass
@@ -74,18 +81,34 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
-    advantage: str = opt("advantage function (registered): grpo, drgrpo", "grpo")
-    loss: str = opt("policy loss (registered): clipped", "clipped")
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = opt(
-        "how token losses become one number (ALGORITHMS.md §1)", "token-mean"
+    preset: str | None = opt(
+        "algorithm preset applied before the recipe's own fields: grpo, dr_grpo, dapo, gspo, mssr (mmrl list)", None
+    )
+    advantage: str = opt("advantage estimator (registered): grpo, dr_grpo, rloo, reinforce_pp, spo, mssr, ...", "grpo")
+    advantage_options: dict[str, Any] = opt("the estimator's own options (checked against its signature)", factory=dict)
+    loss: str = opt("policy loss (registered): clipped, gspo, reg_grpo", "clipped")
+    loss_options: dict[str, Any] = opt("extra options of the loss function (checked against its signature)", factory=dict)
+    loss_agg: str = opt(
+        "how token losses become one number (registered): token-mean, seq-mean-token-mean, seq-mean-token-sum-norm",
+        "token-mean",
     )
     loss_agg_constant: float | None = opt(
-        "divisor for seq-mean-token-sum (Dr. GRPO); None = max_new_tokens", None
+        "divisor for seq-mean-token-sum-norm (Dr. GRPO); None = max_new_tokens", None
     )
     clip_low: float = opt("epsilon_low of the clipped ratio", 0.2)
     clip_high: float = opt("epsilon_high of the clipped ratio (DAPO uses 0.28)", 0.2)
     dual_clip: float | None = opt("dual-clip constant c for negative advantages (None = off)", 3.0)
-    kl_coef: float = opt("beta of the k3 KL to the frozen reference model (0 = no reference model)", 0.0)
+    kl_coef: float = opt("beta of the KL to the frozen reference model (0 = no reference model)", 0.0)
+    kl_estimator: str = opt("per-token KL estimator (registered): k1, k2, k3", "k3")
+    kl_in: Literal["loss", "reward"] = opt("the KL is a loss term, or a penalty subtracted from each reward", "loss")
+    entropy_coef: float = opt("entropy bonus: the loss subtracts this times the aggregated token entropy", 0.0)
+    reward_correction: str = opt("noisy-verifier correction (registered): none, backward, forward", "none")
+    fp_rate: float = opt("the verifier's false-positive rate r0 (reward corrections)", 0.0)
+    fn_rate: float = opt("the verifier's false-negative rate r1 (reward corrections)", 0.0)
+    dynamic_sampling: bool = opt(
+        "DAPO: drop groups whose rewards are all equal and sample more prompts until the batch is full", False
+    )
+    max_sampling_tries: int = opt("dynamic sampling: most rollout rounds per step before a clear error", 10)
     epochs: int = opt("policy updates over each rollout batch (old log-probs fixed)", 1)
     mini_batches: int = opt("optimizer steps per epoch over the rollout batch", 1)
     old_logprobs: Literal["rollout", "recompute"] = opt(
@@ -149,6 +172,7 @@ class TrainConfig:
     progress: bool = opt("show a rich progress bar", True)
     reward_workers: int = opt("worker processes for heavy (rendering) rewards", 2)
     reward_timeout_s: float = opt("per-item timeout of a heavy reward", 30.0)
+    prompt_cache_mb: int = opt("memory for encoded prompts (tensors and resized media), least recently used out", 1024)
 
 
 @dataclass
@@ -292,7 +316,29 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         base = p.resolve().parent
         data = _resolve_paths(data, base)
     data = apply_overrides(data, list(overrides or []))
-    return from_dict(Config, data)
+    return from_dict(Config, apply_preset(data))
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def apply_preset(data: dict[str, Any]) -> dict[str, Any]:
+    """``algo.preset: NAME`` lays the preset's fields under the recipe's: anything the recipe or the command line
+    sets still wins."""
+    name = data.get("algo", {}).get("preset") if isinstance(data.get("algo"), dict) else None
+    if name is None:
+        return data
+    from mmrl.presets import PRESETS
+
+    if name not in PRESETS:
+        near = difflib.get_close_matches(str(name), list(PRESETS), n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise ConfigError(f"algo.preset: unknown preset {name!r}{hint} (known: {', '.join(sorted(PRESETS))})")
+    return _deep_merge(PRESETS[name], data)
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:

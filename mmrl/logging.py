@@ -9,14 +9,15 @@ from typing import Any
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: Path, tensorboard: bool = False):
+    def __init__(self, output_dir: Path, tensorboard: bool = False, purge_step: int | None = None):
         self.path = output_dir / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(output_dir / "tensorboard"))
+            # on resume, events from steps >= purge_step (logged after the checkpoint by the crashed run) are dropped
+            self.tb = SummaryWriter(str(output_dir / "tensorboard"), purge_step=purge_step)
 
     def log(self, metrics: dict[str, Any]) -> None:
         clean = {

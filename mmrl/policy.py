@@ -10,11 +10,30 @@ Qwen2.5-VL's M-RoPE positions are computed from the attention mask, so the compl
 model used while generating it; the rollout engine's log-probs then match the training forward's (tested to 1e-5).
 Images are resized by :func:`mmrl.processors.image.prepare_image` (Qwen's ``smart_resize``) before the HF processor
 sees them, so the model-input size of every image is known exactly and rewards can map coordinates back.
+
+Hardening that real checkpoints need (issue 6):
+- Vision placeholders (image/video pad, vision start/end) are never sampled: :attr:`Policy.suppressed_token_ids`
+  get logit -inf in every engine and in the training forward, so the scored distribution is the sampled one. A
+  completion token is never read as an image slot either: such ids are replaced by padding on the input side.
+- Mixed precision with fp32 master weights: ``model.dtype: bfloat16`` keeps the trainable parameters (and so AdamW's
+  update and state) in fp32 and runs every forward under bf16 autocast, as FSDP's mixed precision does. An update of
+  lr 1e-6 then changes the weights as in fp32; bf16 parameters would round it away (1e-6 is far below bf16's spacing
+  near typical weights, ~1e-4). Frozen copies (the reference model, evaluation) are stored in bf16 directly.
+- Modes: updates run in train mode (so gradient checkpointing is active: HF only checkpoints when ``training``) with
+  every dropout module kept in eval mode, so the training forward is the same function the engine sampled from;
+  generation runs in eval mode.
+- Sampling uses only the run's own settings: the checkpoint's ``generation_config.json`` (repetition penalty, top-k,
+  ...) is replaced by one holding only the special token ids, with a warning naming what was dropped, because
+  transformers fills every unset generation field from it while pi_old is scored from the plain logits.
+- Log-probs and entropies are computed chunk by chunk from the hidden states (:mod:`mmrl.logprobs`); the full
+  ``[B, T, V]`` logits never exist in fp32.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +42,29 @@ import torch
 import torch.nn.functional as F
 
 from mmrl.config import ModelConfig
+from mmrl.logprobs import selective_logprobs
 from mmrl.types import Sample
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("mmrl.policy")
+
+# config attributes naming the vision placeholder tokens across HF VLMs (Qwen2/2.5-VL, LLaVA-style, ...)
+VISION_TOKEN_ATTRS = (
+    "image_token_id",
+    "video_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+    "image_token_index",
+    "video_token_index",
+)
+VISION_TOKEN_NAMES = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>")
+# generation settings that would change what is sampled without changing how pi_old is scored
+SAMPLING_FIELDS = (
+    "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
+    "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens",
+    "sequence_bias", "min_length", "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id",
+    "exponential_decay_length_penalty", "encoder_repetition_penalty", "guidance_scale",
+)  # fmt: skip
 
 
 @dataclass
@@ -40,6 +79,12 @@ class EncodedPrompt:
     )  # [L] tensors aligned with input_ids, padded with 0
     image_sizes: list[tuple[int, int]] = field(default_factory=list)  # original (w, h)
     model_image_sizes: list[tuple[int, int]] = field(default_factory=list)  # after smart_resize (w, h)
+    # The same prompt in a rollout engine's own form (vLLM): the chat-templated text with ONE placeholder per image
+    # or video (the engine expands it), and the media exactly as the policy encoded them (after smart_resize).
+    text: str = ""
+    images: list[Any] = field(default_factory=list)  # PIL images, model size
+    videos: list[Any] = field(default_factory=list)  # [frames, H, W, 3] uint8 arrays, model size
+    video_fps: list[float] = field(default_factory=list)
 
 
 def resolve_model_path(path: str) -> str:
@@ -63,18 +108,26 @@ class Policy:
         self.tokenizer = processor.tokenizer
         self.cfg = cfg
         self.device = next(model.parameters()).device
+        self.compute_dtype = getattr(torch, cfg.dtype)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        gen = getattr(model, "generation_config", None)
-        eos = getattr(gen, "eos_token_id", None) or self.tokenizer.eos_token_id
+        self.checkpoint_generation_config = getattr(model, "generation_config", None)
+        eos = getattr(self.checkpoint_generation_config, "eos_token_id", None) or self.tokenizer.eos_token_id
         self.eos_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        self._clean_generation_config()
+        self.suppressed_token_ids = self._vision_token_ids()
+        head = model.get_output_embeddings()
+        vocab = head.weight.shape[0] if head is not None else len(self.tokenizer)
+        self.suppress_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)  # [V]
+        self.suppress_mask[[t for t in self.suppressed_token_ids if t < vocab]] = True
 
     @classmethod
-    def from_pretrained(cls, cfg: ModelConfig, path: str | None = None) -> Policy:
+    def from_pretrained(cls, cfg: ModelConfig, path: str | None = None, *, trainable: bool = True) -> Policy:
+        """Load a VLM. ``trainable`` policies keep fp32 master weights (compute in ``cfg.dtype`` under autocast);
+        frozen ones (reference model, evaluation) are stored in ``cfg.dtype``."""
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         src = resolve_model_path(path or cfg.path)
-        dtype = getattr(torch, cfg.dtype)
-        kwargs: dict[str, Any] = {"dtype": dtype}
+        kwargs: dict[str, Any] = {"dtype": torch.float32 if trainable else getattr(torch, cfg.dtype)}
         if cfg.attn_implementation:
             kwargs["attn_implementation"] = cfg.attn_implementation
         model = AutoModelForImageTextToText.from_pretrained(src, **kwargs).to(pick_device(cfg.device))
@@ -84,7 +137,7 @@ class Policy:
                 f"{src}: AutoProcessor returned {type(processor).__name__}, not a multimodal processor "
                 "(is preprocessor_config.json / processor_config.json missing?)"
             )
-        if cfg.gradient_checkpointing:
+        if cfg.gradient_checkpointing and trainable:
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.23 renamed it
                 model.activation_checkpointing_enable(
                     activation_checkpointing_kwargs={"use_reentrant": False}
@@ -92,11 +145,65 @@ class Policy:
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
-        if cfg.freeze_vision:
+        if cfg.freeze_vision or not trainable:
             for name, p in model.named_parameters():
-                if ".visual." in f".{name}":
+                if not trainable or ".visual." in f".{name}":
                     p.requires_grad_(False)
+        model.eval()
         return cls(model, processor, cfg)
+
+    def _vision_token_ids(self) -> list[int]:
+        ids: set[int] = set()
+        for conf in (self.model.config, getattr(self.model.config, "text_config", None)):
+            for attr in VISION_TOKEN_ATTRS:
+                v = getattr(conf, attr, None) if conf is not None else None
+                if isinstance(v, int) and v >= 0:
+                    ids.add(v)
+        vocab = self.tokenizer.get_vocab()
+        ids |= {vocab[t] for t in VISION_TOKEN_NAMES if t in vocab}
+        return sorted(ids)
+
+    def _clean_generation_config(self) -> None:
+        """Replace the checkpoint's generation config by one holding only token ids (see the module docstring)."""
+        from transformers import GenerationConfig
+
+        old = self.checkpoint_generation_config
+        if old is None:
+            return
+        defaults = GenerationConfig()
+        dropped = {
+            k: getattr(old, k)
+            for k in SAMPLING_FIELDS
+            if getattr(old, k, None) is not None and getattr(old, k, None) != getattr(defaults, k, None)
+        }
+        if dropped:
+            log.warning(
+                "the checkpoint's generation_config sets %s; mmrl ignores them and samples only with the run's "
+                "rollout.* settings, so that sampling and the scored log-probs agree",
+                ", ".join(f"{k}={v!r}" for k, v in sorted(dropped.items())),
+            )
+        self.model.generation_config = GenerationConfig(
+            bos_token_id=old.bos_token_id, eos_token_id=self.eos_ids, pad_token_id=self.pad_id
+        )
+
+    # ---------------------------------------------------------------- modes and precision
+    def autocast(self):
+        """bf16/fp16 compute over fp32 master weights; a no-op in fp32."""
+        if self.compute_dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+
+    @contextmanager
+    def training(self):
+        """Train mode for an update (gradient checkpointing runs), with dropout kept off; eval mode afterwards."""
+        self.model.train()
+        for m in self.model.modules():
+            if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+                m.eval()
+        try:
+            yield
+        finally:
+            self.model.eval()
 
     # ---------------------------------------------------------------- encoding
     def encode(self, sample: Sample, extra_messages: list[dict[str, Any]] | None = None) -> EncodedPrompt:
@@ -142,7 +249,9 @@ class Policy:
         rest = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
         seq = {k: v[0] for k, v in rest.items() if v.dim() == 2 and v.shape[0] == 1 and v.shape[1] == L}
         mm = {k: v for k, v in rest.items() if k not in seq}
-        return EncodedPrompt(sample.id, out["input_ids"][0], mm, seq, sizes, model_sizes)
+        return EncodedPrompt(
+            sample.id, out["input_ids"][0], mm, seq, sizes, model_sizes, text, images, videos, video_meta
+        )
 
     # ---------------------------------------------------------------- batching
     def collate(
@@ -161,7 +270,7 @@ class Policy:
             mask[i, P - L : P] = 1
             if completions is not None and completions[i]:
                 c = torch.as_tensor(completions[i], dtype=torch.long)
-                ids[i, P : P + len(c)] = c
+                ids[i, P : P + len(c)] = c.masked_fill(self._is_suppressed(c), self.pad_id)
                 mask[i, P : P + len(c)] = 1
         mm: dict[str, torch.Tensor] = {}
         for key in sorted({k for p in prompts for k in p.seq}):
@@ -177,7 +286,27 @@ class Policy:
                 mm[key] = mm[key].to(self.model.dtype)
         return ids.to(self.device), mask.to(self.device), mm, P
 
+    def _is_suppressed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.suppress_mask.cpu()[tokens.clamp(0, len(self.suppress_mask) - 1)] & (
+            tokens < len(self.suppress_mask)
+        )
+
     # ---------------------------------------------------------------- scoring
+    def completion_hidden(
+        self, prompts: list[EncodedPrompt], completions: list[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Final hidden states at the positions predicting each completion token ``[B, T, H]``, the tokens
+        ``[B, T]`` and the mask ``[B, T]`` (1 on real completion tokens)."""
+        ids, attn, mm, P = self.collate(prompts, completions)
+        T = ids.shape[1] - P
+        target = torch.full((len(prompts), T), self.pad_id, dtype=torch.long)
+        for i, c in enumerate(completions):
+            target[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
+        with self.autocast():
+            out = self.model.model(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
+        hidden = out.last_hidden_state[:, P - 1 : P + T - 1]  # position P-1+t predicts token P+t
+        return hidden, target.to(self.device), attn[:, P:].float()
+
     def logprobs(
         self,
         prompts: list[EncodedPrompt],
@@ -185,36 +314,42 @@ class Policy:
         *,
         temperature: float = 1.0,
         with_entropy: bool = True,
+        entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Per-token log-probs (and full-vocabulary entropies) of ``completions`` given ``prompts``.
+        """Per-token log-probs (and full-vocabulary entropies) of ``completions`` given ``prompts``, in fp32.
 
         Returns ``logp [B, T]``, ``entropy [B, T]`` (or None), ``mask [B, T]`` (1 on real completion tokens).
-        Gradients flow through ``logp`` unless called under ``torch.no_grad()``.
+        Gradients flow through ``logp`` unless called under ``torch.no_grad()``. Vision placeholders are outside
+        the policy's support: a completion holding one is an engine bug and is refused.
         """
-        logits, target, comp_mask = self.completion_logits(prompts, completions, temperature)
-        logp_all = F.log_softmax(logits, dim=-1)
-        logp = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [B, T]
-        entropy = None
-        if with_entropy:
-            with torch.no_grad():
-                entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return logp * comp_mask, entropy, comp_mask
-
-    def completion_logits(
-        self, prompts: list[EncodedPrompt], completions: list[list[int]], temperature: float = 1.0
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """fp32 ``logits / temperature [B, T, V]`` predicting each completion token, the tokens ``[B, T]``, the mask."""
-        ids, attn, mm, P = self.collate(prompts, completions)
-        T = ids.shape[1] - P
-        out = self.model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=T + 1, **mm)
-        logits = out.logits[:, :-1, :].float() / temperature  # position P-1+t predicts token P+t
-        return logits, ids[:, P:], attn[:, P:].to(logits.dtype)
+        for c in completions:
+            bad = [t for t in c if 0 <= t < len(self.suppress_mask) and self.suppress_mask[t]]
+            if bad:
+                raise ValueError(
+                    f"completion contains vision placeholder token(s) {sorted(set(bad))}; rollout engines must "
+                    "suppress Policy.suppressed_token_ids"
+                )
+        hidden, target, mask = self.completion_hidden(prompts, completions)
+        with self.autocast():
+            logp, entropy = selective_logprobs(
+                self.model.get_output_embeddings(),
+                hidden,
+                target,
+                temperature=temperature,
+                suppress=self.suppress_mask,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                chunk=self.cfg.logits_chunk_tokens,
+            )
+        return logp * mask, entropy, mask
 
     def sequence_nll(
         self, prompts: list[EncodedPrompt], targets: list[list[int]], label_smoothing: float = 0.0
     ) -> torch.Tensor:
         """Mean token cross-entropy of ``targets`` (supervised warm start), optionally label-smoothed."""
-        logits, target, mask = self.completion_logits(prompts, targets)
+        hidden, target, mask = self.completion_hidden(prompts, targets)
+        with self.autocast():
+            logits = self.model.get_output_embeddings()(hidden).float()  # [B, T, V]: warm starts are short
         ce = F.cross_entropy(
             logits.transpose(1, 2), target, reduction="none", label_smoothing=label_smoothing
         )

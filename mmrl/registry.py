@@ -39,3 +39,33 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self._items)
+
+
+def validate_kwargs(fn: Callable, options: dict, what: str, *, skip: tuple[str, ...] = ()) -> None:
+    """Check ``options`` against ``fn``'s keyword parameters (a class: its ``__init__``) before anything is built:
+    an unknown name is an error naming the nearest valid one; a value must have its default's kind."""
+    import inspect
+
+    target = fn.__init__ if inspect.isclass(fn) else fn
+    params = {
+        n: p
+        for n, p in inspect.signature(target).parameters.items()
+        if n not in ("self", *skip) and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+    for key, value in options.items():
+        if key not in params:
+            near = difflib.get_close_matches(key, list(params), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise ValueError(
+                f"{what}: unknown option {key!r}{hint} (valid options: {', '.join(sorted(params)) or 'none'})"
+            )
+        default = params[key].default
+        if default is None or default is inspect.Parameter.empty:
+            continue
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ValueError(f"{what}: option {key!r} expects true or false, got {value!r}")
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{what}: option {key!r} expects a number like {default!r}, got {value!r}")
+        if isinstance(default, str) and not isinstance(value, str):
+            raise ValueError(f"{what}: option {key!r} expects a string like {default!r}, got {value!r}")

@@ -39,8 +39,7 @@ def run_sft(cfg: Config, output_dir: str | Path) -> Path:
     opt = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=cfg.sft.lr)
     rng = random.Random(cfg.train.seed)
     order: list[int] = []
-    policy.model.train()
-    with (out / "sft_metrics.jsonl").open("a") as log:
+    with policy.training(), (out / "sft_metrics.jsonl").open("a") as log:
         for step in range(1, cfg.sft.steps + 1):
             if len(order) < cfg.sft.batch_size:
                 order += rng.sample(range(len(samples)), len(samples))

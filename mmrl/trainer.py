@@ -1,11 +1,12 @@
-"""The group trainer (GRPO family, ALGORITHMS.md §1).
+"""The trainer (GRPO family, DAPO, GSPO, single-rollout SPO/MSSR; ALGORITHMS.md §1-§2).
 
-``fit()`` reads as named, timed stages: sample -> encode -> rollout -> reward -> ref log-probs -> advantages ->
-update -> log / eval / save. Advantage and loss functions are looked up by name in ``mmrl.algos``; the sampler and
-rollout engine in their registries; rewards through ``mmrl.rewards``. Old log-probs come from the rollout engine
+``fit()`` reads as named, timed stages: collect (sample -> encode -> rollout -> reward, repeated under DAPO's dynamic
+sampling, :mod:`mmrl.collect`) -> old / ref log-probs -> advantages -> update (:mod:`mmrl.update`) -> sync the
+engine's weights -> log / eval / save. Every method is a registered name: the advantage estimator (a small object
+that may keep state, saved in checkpoints), the loss, the aggregation, the KL estimator, the reward correction, the
+sampler and the engine; nothing here tests which one it is. Old log-probs come from the rollout engine
 (``algo.old_logprobs: rollout``; the HF engine's equal the training forward's to 1e-5) or a fresh forward
-(``recompute``). Each rollout batch is used for ``algo.epochs`` passes of ``algo.mini_batches`` optimizer steps, each
-accumulated over micro-batches so the aggregated loss equals the full mini-batch's.
+(``recompute``); estimators that need pi_old's full-vocabulary entropy get it from that forward.
 """
 
 from __future__ import annotations
@@ -15,32 +16,33 @@ import math
 import random
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from mmrl.algos import ADVANTAGES, LOSSES, aggregate, kl_k3
-from mmrl.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from mmrl import rundir
+from mmrl.algos import (
+    ADVANTAGES,
+    KL_ESTIMATORS,
+    REWARD_CORRECTIONS,
+    AdvantageInput,
+    groups_with_signal,
+    kl_penalised_rewards,
+)
+from mmrl.checkpoint import load_training_state, save_checkpoint
+from mmrl.checks import check_config
+from mmrl.collect import Collected, Collector, reward_inputs
 from mmrl.config import Config, to_dict
 from mmrl.data import ensure_built, load_split
 from mmrl.logging import MetricsLogger
-from mmrl.policy import EncodedPrompt, Policy
+from mmrl.policy import Policy
 from mmrl.rewards.compose import CompositeReward, RewardConfig
-from mmrl.rollout import ENGINES, SamplingParams
+from mmrl.rollout import ENGINES
 from mmrl.samplers import SAMPLERS
-from mmrl.types import RewardInput, Sample
-
-
-@dataclass
-class RolloutBatch:
-    prompts: list[EncodedPrompt]  # [N] (each prompt repeated G times)
-    completions: list[list[int]]  # [N] token ids
-    old_logp: torch.Tensor  # [N, T]
-    ref_logp: torch.Tensor | None  # [N, T]
-    advantages: torch.Tensor  # [N]
+from mmrl.types import Sample
+from mmrl.update import PolicyUpdate, RolloutBatch
 
 
 def seed_everything(seed: int) -> None:
@@ -66,31 +68,11 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: Config) -> torch.optim.lr_s
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def reward_inputs(
-    sample: Sample, prompt: EncodedPrompt, texts: list[str], lengths: list[int]
-) -> list[RewardInput]:
-    meta = {
-        **sample.metadata,
-        "image_sizes": prompt.image_sizes,
-        "model_image_sizes": prompt.model_image_sizes,
-    }
-    return [
-        RewardInput(
-            sample.id,
-            t,
-            sample.answer,
-            sample.prompt_text,
-            list(sample.images),
-            {**meta, "response_tokens": n},
-        )
-        for t, n in zip(texts, lengths)
-    ]
-
-
 class Trainer:
-    def __init__(self, cfg: Config, output_dir: str | Path, *, resume: bool = False):
+    def __init__(self, cfg: Config, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False):
         self.cfg, self.out = cfg, Path(output_dir)
-        self.out.mkdir(parents=True, exist_ok=True)
+        check_config(cfg)  # before anything heavy is built
+        ckpt = rundir.prepare(self.out, resume=resume, overwrite=overwrite, max_steps=cfg.train.max_steps)
         seed_everything(cfg.train.seed)
         ensure_built(cfg.data.train, cfg.data.builder)
         skipped = self.out / "skipped.jsonl"
@@ -98,11 +80,9 @@ class Trainer:
         self.eval_data: list[Sample] = []
         if cfg.data.eval:
             self.eval_data = load_split(cfg.data, cfg.data.eval, skipped)[: cfg.eval.max_samples]
-        ckpt = self._resume_point() if resume else None
+        a = cfg.algo
         self.policy = Policy.from_pretrained(cfg.model, path=str(ckpt / "model") if ckpt else None)
-        self.ref = Policy.from_pretrained(cfg.model) if cfg.algo.kl_coef > 0 else None
-        if self.ref is not None:
-            self.ref.model.eval().requires_grad_(False)
+        self.ref = Policy.from_pretrained(cfg.model, trainable=False) if a.kl_coef > 0 else None
         self.engine = ENGINES.get(cfg.rollout.engine)(self.policy, batch_size=cfg.rollout.batch_size)
         self.sampler = SAMPLERS.get(cfg.sampler.name)(
             len(self.train_data), seed=cfg.train.seed, **cfg.sampler.options
@@ -112,61 +92,57 @@ class Trainer:
             num_workers=cfg.train.reward_workers,
             timeout_s=cfg.train.reward_timeout_s,
         )
+        self.estimator = ADVANTAGES.get(a.advantage)(
+            len(self.train_data), eps=a.adv_eps, **a.advantage_options
+        )
+        self.correction = REWARD_CORRECTIONS.get(a.reward_correction)
         params = [p for p in self.policy.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(
             params, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
         )
         self.sched = build_scheduler(self.opt, cfg)
-        self.adv_fn, self.loss_fn = ADVANTAGES.get(cfg.algo.advantage), LOSSES.get(cfg.algo.loss)
-        self.logger = MetricsLogger(self.out, tensorboard=cfg.train.tensorboard)
-        self.step, self._cache, self.timings, self._last_results = 0, {}, {}, []
+        self.updater = PolicyUpdate(cfg, self.policy, self.opt, self.sched, self._train_temperature())
+        self.step, self.timings, self.last_kl = 0, {}, None
+        self.collector = Collector(
+            cfg, self.train_data, self.policy, self.engine, self.sampler, self.reward, self.stage
+        )
         self._reward_counts: dict[str, int] = {}
         (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         if ckpt is not None:
             state = load_training_state(ckpt, self.opt, self.sched)
             self.sampler.load_state_dict(state["sampler"])
-            self.step = int(state["step"])
+            self.estimator.load_state_dict(state.get("advantage", {}))
+            self.step, self.last_kl = int(state["step"]), state.get("last_kl")
+        self.logger = MetricsLogger(
+            self.out, tensorboard=cfg.train.tensorboard, purge_step=self.step + 1 if ckpt else None
+        )
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
-        cfg = self.cfg
-        if self.step == 0 and self.eval_data:
-            self.logger.log({"step": 0, **self.evaluate()})
+        cfg, metrics = self.cfg, {}
+        if self.step == 0:
+            self.start()
         with self._progress() as advance:
             while self.step < cfg.train.max_steps:
                 self.timings = {}
-                with self.stage("sample"):
-                    idx = self.sampler.select(cfg.train.prompts_per_step)
-                    samples = [self.train_data[i] for i in idx]
-                with self.stage("encode"):
-                    prompts = [self.encode(s) for s in samples]
-                with self.stage("rollout"):
-                    groups = self.engine.generate(prompts, self.sampling_params())
-                with self.stage("reward"):
-                    rewards, reward_stats = self.score(samples, prompts, groups)  # [B, G]
-                with self.stage("advantages"):
-                    adv = self.adv_fn(rewards, eps=cfg.algo.adv_eps)  # [B, G]
-                    batch = self.make_batch(prompts, groups, adv)
+                got = self.collector.collect()  # timed inside: sample, encode, rollout, reward
+                with self.stage("old_logprobs"):
+                    batch = self.make_batch(got)
                 with self.stage("ref_logprobs"):
-                    batch.ref_logp = self.ref_logprobs(batch)
-                with self.stage("update"):
-                    update_stats = self.update(batch)
-                self.sampler.update(idx, rewards)
+                    batch.ref_logp = self.forward_no_grad(self.ref, batch)[0] if self.ref else None
+                with self.stage("advantages"):
+                    adv_stats = self.advantages(got, batch)
+                with self.stage("update"), self.policy.training():
+                    update_stats = self.updater(batch)
+                with self.stage("sync_weights"):
+                    self.engine.sync_weights()
                 self.step += 1
-                metrics = {
-                    "step": self.step,
-                    **reward_stats,
-                    **update_stats,
-                    **self.rollout_stats(groups, rewards),
-                }
-                if self.eval_data and cfg.eval.every and self.step % cfg.eval.every == 0:
-                    with self.stage("eval"):
-                        metrics.update(self.evaluate())
-                if self.eval_data and self.step == cfg.train.max_steps and "eval/accuracy" not in metrics:
-                    metrics.update(self.evaluate())
-                metrics.update({f"time/{k}": v for k, v in self.timings.items()})
+                self.last_kl = update_stats.get("kl") if self.ref is not None else None
+                metrics = {"step": self.step, **self.reward_stats(got), **adv_stats, **update_stats}
+                metrics |= self.rollout_stats(got) | got.stats | self.sampler_stats()
+                metrics |= self.maybe_evaluate() | self.throughput(got)
                 self.logger.log(metrics)
-                self._write_rollouts(samples, groups)
+                self._write_rollouts(got)
                 if self.step == cfg.train.max_steps or (
                     cfg.train.save_every and self.step % cfg.train.save_every == 0
                 ):
@@ -183,42 +159,83 @@ class Trainer:
         yield
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
 
-    def sampling_params(self, eval_mode: bool = False) -> SamplingParams:
-        r, e = self.cfg.rollout, self.cfg.eval
-        if eval_mode:
-            return SamplingParams(
-                n=1,
-                temperature=e.temperature,
-                top_p=r.top_p,
-                top_k=r.top_k,
-                max_new_tokens=e.max_new_tokens or r.max_new_tokens,
-            )
-        return SamplingParams(
-            n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_new_tokens=r.max_new_tokens
+    def start(self) -> None:
+        """Before the first step: the held-out score of the initial policy, and the estimator's initialisation pass
+        (MSSR: one response of the initial policy per training prompt)."""
+        if self.eval_data:
+            self.logger.log({"step": 0, **self.evaluate()})
+        if not self.estimator.needs_init:
+            return
+        c, bs = self.collector, self.cfg.rollout.batch_size
+        params = c.sampling_params()
+        params = type(params)(1, params.temperature, params.top_p, params.top_k, params.max_new_tokens)
+        rewards = []
+        for s in range(0, len(self.train_data), bs):
+            samples = self.train_data[s : s + bs]
+            prompts = [c.encode(x) for x in samples]
+            rewards.append(c.score(samples, prompts, self.engine.generate(prompts, params))[0].reshape(-1))
+        init = torch.cat(rewards)
+        self.estimator.initialise(list(range(len(self.train_data))), init)
+        self.logger.log({"step": 0, "init/reward_mean": init.mean().item(), "init/prompts": len(init)})
+
+    def _train_temperature(self) -> float:
+        return self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
+
+    def make_batch(self, got: Collected) -> RolloutBatch:
+        comps = [c for g in got.groups for c in g]
+        T = max(len(c.token_ids) for c in comps)
+        old = torch.zeros(len(comps), T)
+        for i, c in enumerate(comps):
+            old[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
+        flat_prompts = [p for p, g in zip(got.prompts, got.groups) for _ in g]
+        batch = RolloutBatch(flat_prompts, [c.token_ids for c in comps], got.rewards.shape[1], old)
+        if self.cfg.algo.old_logprobs == "recompute" or self.estimator.needs_entropy:
+            logp, ent = self.forward_no_grad(self.policy, batch, with_entropy=self.estimator.needs_entropy)
+            if self.cfg.algo.old_logprobs == "recompute":
+                batch.old_logp = logp
+            batch.entropy = ent
+        return batch
+
+    @torch.no_grad()
+    def forward_no_grad(
+        self, policy: Policy, batch: RolloutBatch, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logp, ent = (
+            torch.zeros_like(batch.old_logp),
+            torch.zeros_like(batch.old_logp) if with_entropy else None,
         )
+        mb = self.cfg.optim.micro_batch_size
+        for i in range(0, len(batch.prompts), mb):
+            lp, e, _ = policy.logprobs(
+                batch.prompts[i : i + mb],
+                batch.completions[i : i + mb],
+                temperature=self._train_temperature(),
+                with_entropy=with_entropy,
+            )
+            logp[i : i + mb, : lp.shape[1]] = lp.float().cpu()
+            if ent is not None:
+                ent[i : i + mb, : e.shape[1]] = e.float().cpu()
+        return logp, ent
 
-    def encode(self, sample: Sample) -> EncodedPrompt:
-        if sample.id not in self._cache:
-            if len(self._cache) > 4096:
-                self._cache.clear()
-            self._cache[sample.id] = self.policy.encode(sample)
-        return self._cache[sample.id]
+    def advantages(self, got: Collected, batch: RolloutBatch) -> dict[str, float]:
+        a = self.cfg.algo
+        rewards = self.correction(got.rewards, fp_rate=a.fp_rate, fn_rate=a.fn_rate)  # [B, G]
+        if a.kl_in == "reward" and batch.ref_logp is not None:
+            kl_tok = KL_ESTIMATORS.get(a.kl_estimator)(batch.old_logp, batch.ref_logp)
+            rewards = kl_penalised_rewards(rewards, kl_tok, batch.mask, a.kl_coef)
+        inp = AdvantageInput(rewards, got.indices, batch.old_logp, batch.mask, batch.entropy, self.last_kl)
+        batch.advantages, stats = self.estimator(inp)
+        return stats
 
-    def score(self, samples, prompts, groups) -> tuple[torch.Tensor, dict[str, float]]:
-        inputs = [
-            ri
-            for s, p, g in zip(samples, prompts, groups)
-            for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])
-        ]
-        results = self._last_results = self.reward(inputs)
-        scores = torch.tensor([r.score for r in results], dtype=torch.float32).view(len(samples), -1)
+    def reward_stats(self, got: Collected) -> dict[str, float]:
+        scores = got.rewards
         stats: dict[str, float] = {"reward/mean": scores.mean().item(), "reward/std": scores.std().item()}
         parts: dict[str, list[float]] = {}
-        for r in results:
+        for r in got.results:
             for k, v in r.parts.items():
                 parts.setdefault(f"reward/{k}", []).append(float(v))
         stats.update({k: sum(v) / len(v) for k, v in parts.items()})
-        errors = [e for r in results for e in r.errors]
+        errors = self.collector.errors
         stats["reward/errors"] = len(errors)
         # process diagnostics (the reward cache is not checkpointed): per-step counts under sys/, like time/*
         pool, prev = self.reward.stats(), self._reward_counts
@@ -229,123 +246,49 @@ class Trainer:
         if errors:
             with (self.out / "reward_errors.jsonl").open("a") as f:
                 for e in errors:
-                    f.write(json.dumps({"step": self.step + 1, **e}) + "\n")
-        return scores, stats
+                    f.write(json.dumps({"step": self.step, **e}) + "\n")
+        return stats
 
-    def make_batch(self, prompts, groups, adv: torch.Tensor) -> RolloutBatch:
-        flat_prompts = [p for p, g in zip(prompts, groups) for _ in g]
-        comps = [c for g in groups for c in g]
-        T = max(len(c.token_ids) for c in comps)
-        old = torch.zeros(len(comps), T)
-        for i, c in enumerate(comps):
-            old[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
-        batch = RolloutBatch(flat_prompts, [c.token_ids for c in comps], old, None, adv.reshape(-1))
-        if self.cfg.algo.old_logprobs == "recompute":
-            batch.old_logp = self._forward_no_grad(self.policy, batch)
-        return batch
-
-    @torch.no_grad()
-    def _forward_no_grad(self, policy: Policy, batch: RolloutBatch) -> torch.Tensor:
-        out = torch.zeros_like(batch.old_logp)
-        mb = self.cfg.optim.micro_batch_size
-        for i in range(0, len(batch.prompts), mb):
-            lp, _, _ = policy.logprobs(
-                batch.prompts[i : i + mb],
-                batch.completions[i : i + mb],
-                temperature=self._train_temperature(),
-                with_entropy=False,
-            )
-            out[i : i + mb, : lp.shape[1]] = lp.float().cpu()
-        return out
-
-    def ref_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
-        return None if self.ref is None else self._forward_no_grad(self.ref, batch)
-
-    def _train_temperature(self) -> float:
-        return self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
-
-    def update(self, batch: RolloutBatch) -> dict[str, float]:
-        a, N = self.cfg.algo, len(batch.prompts)
-        totals: dict[str, float] = {}
-        count = 0
-        for _ in range(a.epochs):
-            perm = torch.randperm(N).tolist()
-            size = math.ceil(N / a.mini_batches)
-            for start in range(0, N, size):
-                stats = self._optimizer_step(batch, perm[start : start + size])
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + v
-                count += 1
-        return {k: v / count for k, v in totals.items()} | {"lr": self.sched.get_last_lr()[0]}
-
-    def _optimizer_step(self, batch: RolloutBatch, rows: list[int]) -> dict[str, float]:
-        a, dev = self.cfg.algo, self.policy.device
-        lengths = [len(batch.completions[i]) for i in rows]
-        denom = sum(lengths) if a.loss_agg == "token-mean" else len(rows)
-        const = a.loss_agg_constant or float(self.cfg.rollout.max_new_tokens)
-        self.opt.zero_grad(set_to_none=True)
-        acc = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0}
-        mb = self.cfg.optim.micro_batch_size
-        for s in range(0, len(rows), mb):
-            part = rows[s : s + mb]
-            logp, ent, mask = self.policy.logprobs(
-                [batch.prompts[i] for i in part],
-                [batch.completions[i] for i in part],
-                temperature=self._train_temperature(),
-            )
-            T = logp.shape[1]
-            old = batch.old_logp[part, :T].to(dev)
-            tok_loss, st = self.loss_fn(
-                logp,
-                old,
-                batch.advantages[part].to(dev),
-                mask,
-                clip_low=a.clip_low,
-                clip_high=a.clip_high,
-                dual_clip=a.dual_clip,
-            )
-            weight = (mask.sum().item() if a.loss_agg == "token-mean" else len(part)) / denom
-            pg = aggregate(tok_loss, mask, a.loss_agg, const) * weight
-            loss = pg
-            if batch.ref_logp is not None:
-                kl = (
-                    aggregate(kl_k3(logp, batch.ref_logp[part, :T].to(dev)), mask, a.loss_agg, const) * weight
-                )
-                loss = loss + a.kl_coef * kl
-                acc["kl"] += kl.item()
-            loss.backward()
-            ntok = mask.sum().clamp(min=1)
-            acc["loss"] += loss.item()
-            acc["pg_loss"] += pg.item()
-            acc["entropy"] += ((ent * mask).sum() / ntok).item() * weight
-            acc["clip_frac"] += st["clip_frac"].item() * weight
-        params = [p for p in self.policy.model.parameters() if p.requires_grad]
-        clip = self.cfg.optim.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-        self.opt.step()
-        self.sched.step()
-        return acc | {"grad_norm": float(norm)}
-
-    def rollout_stats(self, groups, rewards: torch.Tensor) -> dict[str, float]:
-        lens = [len(c.token_ids) for g in groups for c in g]
+    def rollout_stats(self, got: Collected) -> dict[str, float]:
+        comps = [c for g in got.groups for c in g]
+        lens = [len(c.token_ids) for c in comps]
         return {
             "response_length/mean": sum(lens) / len(lens),
             "response_length/max": max(lens),
-            "rollout/truncated_frac": sum(c.finish_reason == "length" for g in groups for c in g) / len(lens),
-            "rollout/groups_with_signal": (rewards.std(dim=1) > 0).float().mean().item()
-            if rewards.shape[1] > 1
-            else 1.0,
+            "rollout/truncated_frac": sum(c.finish_reason == "length" for c in comps) / len(lens),
+            "rollout/groups_with_signal": groups_with_signal(got.rewards).float().mean().item(),
         }
+
+    def sampler_stats(self) -> dict[str, float]:
+        return self.sampler.stats() if hasattr(self.sampler, "stats") else {}
+
+    def throughput(self, got: Collected) -> dict[str, float]:
+        """Tokens per second of the rollout stage and of the update stage (process diagnostics, under time/)."""
+        t = self.timings
+        rollout_tokens = sum(len(c.token_ids) for g in got.groups for c in g)
+        out = {f"time/{k}": v for k, v in t.items()}
+        out["time/rollout_tokens_per_s"] = rollout_tokens / t["rollout"] if t.get("rollout") else 0.0
+        out["time/train_tokens_per_s"] = self.updater.tokens / t["update"] if t.get("update") else 0.0
+        return out
+
+    def maybe_evaluate(self) -> dict[str, float]:
+        cfg = self.cfg
+        if not self.eval_data:
+            return {}
+        if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.train.max_steps:
+            with self.stage("eval"):
+                return self.evaluate()
+        return {}
 
     # ------------------------------------------------------------------ eval / io
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Score the held-out records; runs on a forked RNG so evaluating never changes the training run."""
-        prompts = [self.encode(s) for s in self.eval_data]
+        prompts = [self.collector.encode(s) for s in self.eval_data]
         devices = [self.policy.device] if self.policy.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.cfg.train.seed + 7919)
-            groups = self.engine.generate(prompts, self.sampling_params(eval_mode=True))
+            groups = self.engine.generate(prompts, self.collector.sampling_params(eval_mode=True))
         inputs = [
             ri
             for s, p, g in zip(self.eval_data, prompts, groups)
@@ -362,12 +305,12 @@ class Trainer:
             out |= {f"eval/accuracy/{g}": sum(v) / len(v) for g, v in sorted(groups_ok.items())}
         return out
 
-    def _write_rollouts(self, samples, groups, keep: int = 2) -> None:
+    def _write_rollouts(self, got: Collected, keep: int = 2) -> None:
         """Append the first ``keep`` groups of the step, each response with its reward and reward parts."""
-        G = len(groups[0])
+        G = len(got.groups[0])
         with (self.out / "rollouts.jsonl").open("a") as f:
-            for b, (s, g) in enumerate(list(zip(samples, groups))[:keep]):
-                results = self._last_results[b * G : (b + 1) * G]
+            for b, (s, g) in enumerate(list(zip(got.samples, got.groups))[:keep]):
+                results = got.results[b * G : (b + 1) * G]
                 row = {
                     "step": self.step,
                     "id": s.id,
@@ -380,7 +323,12 @@ class Trainer:
                 f.write(json.dumps(row) + "\n")
 
     def save(self) -> Path:
-        state = {"sampler": self.sampler.state_dict(), "config": to_dict(self.cfg)}
+        state = {
+            "sampler": self.sampler.state_dict(),
+            "advantage": self.estimator.state_dict(),
+            "last_kl": self.last_kl,
+            "config": to_dict(self.cfg),
+        }
         return save_checkpoint(
             self.out / "checkpoints",
             self.step,
@@ -390,12 +338,6 @@ class Trainer:
             state=state,
             keep=self.cfg.train.keep_checkpoints,
         )
-
-    def _resume_point(self) -> Path:
-        ckpt = latest_checkpoint(self.out / "checkpoints")
-        if ckpt is None:
-            raise FileNotFoundError(f"--resume: no complete checkpoint under {self.out / 'checkpoints'}")
-        return ckpt
 
     @contextmanager
     def _progress(self):

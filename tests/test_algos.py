@@ -1,79 +1,115 @@
-"""GRPO-family functions against values computed by hand (ALGORITHMS.md §1)."""
+"""Group-baseline and REINFORCE-family advantage estimators against values worked out by hand (ALGORITHMS.md §1)."""
 
 import math
 
+import pytest
 import torch
 
-from mmrl.algos import ADVANTAGES, LOSSES, aggregate, kl_k3
+from mmrl.algos import ADVANTAGES, AdvantageInput, groups_with_signal
+from mmrl.algos.advantages import (
+    dr_grpo_advantages,
+    grpo_advantages,
+    reinforce_advantages,
+    rloo_advantages,
+)
 
 
-def test_grpo_advantage_hand_values():
-    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
-    a = ADVANTAGES.get("grpo")(r, eps=1e-6)
-    # group 1: mean 0.5, unbiased std sqrt(1/3) = 0.57735
-    s = math.sqrt(1 / 3)
+def make_input(rewards: list[list[float]], lengths: list[int] | None = None) -> AdvantageInput:
+    r = torch.tensor(rewards)
+    B, G = r.shape
+    lengths = lengths or [3] * (B * G)
+    T = max(max(lengths), 1)
+    mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).float()
+    return AdvantageInput(r, list(range(B)), torch.full((B * G, T), -0.5) * mask, mask)
+
+
+def test_grpo_hand_values():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    a = grpo_advantages(r, eps=1e-6)
+    # group 1: mean 0.5, unbiased std sqrt((4 * 0.25) / 3) = 0.577350
+    # group 2: mean 0.25, unbiased std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5
+    s1, s2 = 0.5773503 + 1e-6, 0.5 + 1e-6
     expected = torch.tensor(
-        [[0.5 / (s + 1e-6), -0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.5 / (s + 1e-6)], [0.0] * 4]
+        [[0.5 / s1, -0.5 / s1, -0.5 / s1, 0.5 / s1], [0.75 / s2, -0.25 / s2, -0.25 / s2, -0.25 / s2]]
     )
     assert torch.allclose(a, expected, atol=1e-6)
 
 
-def test_group_of_one_keeps_reward():
-    r = torch.tensor([[0.7], [0.0]])
-    assert torch.equal(ADVANTAGES.get("grpo")(r), r)
-
-
-def test_drgrpo_has_no_std():
+def test_dr_grpo_has_no_std_and_rloo_leaves_one_out():
     r = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
-    assert torch.allclose(ADVANTAGES.get("drgrpo")(r), torch.tensor([[0.75, -0.25, -0.25, -0.25]]))
+    assert torch.allclose(dr_grpo_advantages(r), torch.tensor([[0.75, -0.25, -0.25, -0.25]]))
+    # RLOO: response 1's baseline is the mean of the other three (0); the others' is 1/3
+    assert torch.allclose(rloo_advantages(r), torch.tensor([[1.0, -1 / 3, -1 / 3, -1 / 3]]))
 
 
-def test_clipped_surrogate_hand_values():
-    # four tokens: ratio 1.5 (A>0, clipped to 1.2), ratio 0.5 (A>0, unclipped side wins), ratio 1.5 with A<0,
-    # ratio 5 with A<0 (dual clip at c=3 bounds the loss to 3 * |A|)
-    old = torch.zeros(1, 4)
-    logp = torch.log(torch.tensor([[1.5, 0.5, 1.5, 5.0]]))
-    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
-    mask = torch.ones(1, 4)
-    loss, stats = LOSSES.get("clipped")(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=3.0)
-    # token 1: max(-1.5, -1.2) = -1.2; token 2: max(-0.5, -0.8) = -0.5; token 3: max(1.5, 1.2) = 1.5;
-    # token 4: max(5, 1.2) = 5 -> min(5, 3) = 3
-    assert torch.allclose(loss, torch.tensor([[-1.2, -0.5, 1.5, 3.0]]), atol=1e-6)
-    assert abs(stats["clip_frac"].item() - 0.25) < 1e-6  # only token 1 takes the clipped branch of the max
+def test_all_equal_rewards_give_zero_advantage():
+    r = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    for fn in (grpo_advantages, dr_grpo_advantages, rloo_advantages):
+        assert torch.equal(fn(r, 1e-6), torch.zeros(2, 3))
+    adv, _ = ADVANTAGES.get("reinforce_pp")(2)(make_input([[1.0], [1.0]]))
+    assert torch.equal(adv, torch.zeros(2))
 
 
-def test_asymmetric_clip_dapo():
-    logp = torch.log(torch.tensor([[1.3]]))
-    loss, _ = LOSSES.get("clipped")(
-        logp,
-        torch.zeros(1, 1),
-        torch.tensor([1.0]),
-        torch.ones(1, 1),
-        clip_low=0.2,
-        clip_high=0.28,
-        dual_clip=None,
-    )
-    assert torch.allclose(loss, torch.tensor([[-1.28]]))
+def test_group_of_one():
+    r = torch.tensor([[0.7], [0.0]])
+    assert torch.equal(grpo_advantages(r), r)  # mean 0, std 1 for a group of one (ALGORITHMS.md §1)
+    assert torch.equal(dr_grpo_advantages(r), torch.zeros(2, 1))
+    assert torch.equal(reinforce_advantages(r), r)
+    with pytest.raises(ValueError, match="rollout.n >= 2"):
+        rloo_advantages(r)
+    # the estimators refuse what they are not defined for before computing anything
+    for name in ("grpo", "dr_grpo", "rloo"):
+        with pytest.raises(ValueError, match="set rollout.n >= 2"):
+            ADVANTAGES.get(name)(2)(make_input([[0.7], [0.0]]))
+    adv, _ = ADVANTAGES.get("reinforce")(2)(make_input([[0.7], [0.0]]))
+    assert torch.equal(adv, torch.tensor([0.7, 0.0]))
 
 
-def test_ratio_is_one_on_policy_and_gradient_is_minus_advantage():
-    logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    loss, _ = LOSSES.get("clipped")(logp, logp.detach(), torch.tensor([2.0]), torch.ones(1, 2))
-    aggregate(loss, torch.ones(1, 2), "token-mean").backward()
-    assert torch.allclose(logp.grad, torch.tensor([[-1.0, -1.0]]))  # d(-A*rho)/dlogp = -A * rho / 2 tokens
+def test_reinforce_pp_whitens_over_tokens_and_ignores_masked_rows():
+    # rewards 1, 0, 0 with 2, 1, 1 tokens, plus a fully masked row whose reward (1) must not count
+    inp = make_input([[1.0], [0.0], [0.0], [1.0]], lengths=[2, 1, 1, 0])
+    adv, stats = ADVANTAGES.get("reinforce_pp")(4, eps=1e-6)(inp)
+    # token-weighted mean = 2 / 4 = 0.5; unbiased var = (2 * 0.25 + 0.25 + 0.25) / 3 = 1 / 3
+    a = 0.5 / math.sqrt(1 / 3 + 1e-6)
+    assert torch.allclose(adv, torch.tensor([a, -a, -a, a]), atol=1e-6)
+    assert stats["advantage/max"] == pytest.approx(a, abs=1e-6)
 
 
-def test_aggregation_modes_hand_values():
-    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    assert aggregate(loss, mask, "token-mean").item() == (1 + 2 + 3 + 4) / 4
-    assert aggregate(loss, mask, "seq-mean-token-mean").item() == (2.0 + 4.0) / 2
-    assert aggregate(loss, mask, "seq-mean-token-sum", constant=10).item() == (6 / 10 + 4 / 10) / 2
+def test_reinforce_pp_needs_two_tokens():
+    with pytest.raises(ValueError, match="at least 2"):
+        ADVANTAGES.get("reinforce_pp")(1)(make_input([[1.0]], lengths=[1]))
 
 
-def test_k3_kl_hand_values():
-    logp = torch.tensor([0.0, -1.0])
-    ref = torch.tensor([0.0, 0.0])
-    # d = ref - logp = [0, 1]: exp(d) - d - 1 = [0, e - 2]
-    assert torch.allclose(kl_k3(logp, ref), torch.tensor([0.0, math.e - 2]))
-    assert kl_k3(torch.tensor([-30.0]), torch.tensor([0.0])).item() == 10.0  # clamped
+def test_estimator_interface_and_stats():
+    est = ADVANTAGES.get("grpo")(10, eps=1e-6)
+    assert (est.min_group_size, est.needs_entropy, est.needs_init) == (2, False, False)
+    adv, stats = est(make_input([[1.0, 0.0, 0.0, 1.0]]))
+    a = 0.5 / (0.5773503 + 1e-6)
+    assert adv.shape == (4,)
+    assert torch.allclose(adv, torch.tensor([a, -a, -a, a]), atol=1e-6)
+    assert stats["advantage/mean"] == pytest.approx(0.0, abs=1e-7)
+    assert stats["advantage/std"] == pytest.approx(a, abs=1e-6)  # population std of +-a
+    assert (stats["advantage/min"], stats["advantage/max"]) == pytest.approx((-a, a), abs=1e-6)
+    assert est.state_dict() == {}
+    with pytest.raises(ValueError, match="keeps no state"):
+        est.load_state_dict({"tracker": {}})
+
+
+def test_input_validation_names_the_problem():
+    est = ADVANTAGES.get("grpo")(10)
+    inp = make_input([[1.0, 0.0]])
+    inp.rewards = torch.tensor([[1.0, float("nan")]])
+    with pytest.raises(ValueError, match="non-finite reward for record 0"):
+        est(inp)
+    bad = make_input([[1.0, 0.0]])
+    bad.indices = [0, 1]
+    with pytest.raises(ValueError, match="2 indices for 1 prompts"):
+        est(bad)
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        ADVANTAGES.get("grpo")(10, eps=0.0)
+
+
+def test_groups_with_signal():
+    r = torch.tensor([[1.0, 0.0, 1.0], [0.5, 0.5, 0.5], [0.0, 0.0, 0.2]])
+    assert groups_with_signal(r).tolist() == [True, False, True]
+    assert groups_with_signal(torch.tensor([[1.0]])).tolist() == [False]

@@ -1,5 +1,37 @@
-"""Pure tensor functions for policy-gradient training: advantages and losses, each registered by name."""
+"""Policy-gradient math as registered pure functions and small stateful objects: advantage estimators, policy
+losses, loss aggregations, KL estimators, noisy-verifier reward corrections, and algorithm presets."""
 
-from mmrl.algos.grpo import ADVANTAGES, LOSSES, aggregate, kl_k3
+from mmrl.algos.advantages import (
+    ADVANTAGES,
+    AdvantageEstimator,
+    AdvantageInput,
+    advantage_stats,
+    group_advantage,
+    groups_with_signal,
+)
+from mmrl.algos.corrections import REWARD_CORRECTIONS, check_reward_correction
+from mmrl.algos.kl import KL_ESTIMATORS, kl_penalised_rewards
+from mmrl.algos.losses import AGGREGATIONS, LOSSES, Aggregation, reduce_stats, register_loss
+from mmrl.algos.single_rollout import MSSR, SPO
+from mmrl.presets import PRESETS
 
-__all__ = ["ADVANTAGES", "LOSSES", "aggregate", "kl_k3"]
+__all__ = [
+    "ADVANTAGES",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "LOSSES",
+    "MSSR",
+    "PRESETS",
+    "REWARD_CORRECTIONS",
+    "SPO",
+    "AdvantageEstimator",
+    "AdvantageInput",
+    "Aggregation",
+    "advantage_stats",
+    "check_reward_correction",
+    "group_advantage",
+    "groups_with_signal",
+    "kl_penalised_rewards",
+    "reduce_stats",
+    "register_loss",
+]

@@ -1,0 +1,152 @@
+"""Batch building: sample -> encode -> rollout -> reward, and DAPO's dynamic sampling around those stages.
+
+Without dynamic sampling one round fills the batch. With ``algo.dynamic_sampling`` (DAPO, ALGORITHMS.md §1) a round's
+groups whose rewards are all equal carry no group-relative signal and are dropped; rounds repeat (the sampler picks
+fresh prompts each time) until ``train.prompts_per_step`` informative groups are kept, for at most
+``algo.max_sampling_tries`` rounds, after which the step fails with the informative fraction seen, so a run whose
+prompts are all too easy or too hard stops with a reason instead of spinning. Surplus informative groups of the last
+round are left out. The sampler hears about every group that was generated (VADE learns from dropped groups too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mmrl.config import Config
+from mmrl.policy import EncodedPrompt, Policy
+from mmrl.prompt_cache import PromptCache
+from mmrl.rewards.compose import CompositeReward
+from mmrl.rollout import SamplingParams
+from mmrl.rollout.base import Completion
+from mmrl.types import RewardInput, Sample
+
+
+class SamplingExhausted(RuntimeError):
+    """Dynamic sampling found too few informative groups within its tries."""
+
+
+def reward_inputs(
+    sample: Sample, prompt: EncodedPrompt, texts: list[str], lengths: list[int]
+) -> list[RewardInput]:
+    meta = {**sample.metadata, "image_sizes": prompt.image_sizes, "model_image_sizes": prompt.model_image_sizes}
+    return [
+        RewardInput(
+            sample.id, t, sample.answer, sample.prompt_text, list(sample.images), {**meta, "response_tokens": n}
+        )
+        for t, n in zip(texts, lengths)
+    ]
+
+
+@dataclass
+class Collected:
+    indices: list[int]  # [B] dataset indices
+    samples: list[Sample]
+    prompts: list[EncodedPrompt]
+    groups: list[list[Completion]]  # [B][G]
+    rewards: torch.Tensor  # [B, G]
+    results: list[Any]  # [B*G] reward results (parts, errors)
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class Collector:
+    def __init__(
+        self,
+        cfg: Config,
+        data: list[Sample],
+        policy: Policy,
+        engine: Any,
+        sampler: Any,
+        reward: CompositeReward,
+        stage: Callable[[str], AbstractContextManager],
+    ):
+        self.cfg, self.data, self.policy, self.engine = cfg, data, policy, engine
+        self.sampler, self.reward, self.stage = sampler, reward, stage
+        self.cache = PromptCache(cfg.train.prompt_cache_mb * 2**20)
+        self.errors: list[dict[str, Any]] = []  # reward failures of the current step
+
+    def encode(self, sample: Sample) -> EncodedPrompt:
+        return self.cache.get(sample, self.policy.encode)
+
+    def sampling_params(self, eval_mode: bool = False) -> SamplingParams:
+        r, e = self.cfg.rollout, self.cfg.eval
+        if eval_mode:
+            max_new = e.max_new_tokens or r.max_new_tokens
+            return SamplingParams(1, e.temperature, r.top_p, r.top_k, max_new)
+        return SamplingParams(r.n, r.temperature, r.top_p, r.top_k, r.max_new_tokens)
+
+    def score(self, samples: list[Sample], prompts: list[EncodedPrompt], groups) -> tuple[torch.Tensor, list]:
+        inputs = [
+            ri
+            for s, p, g in zip(samples, prompts, groups)
+            for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])
+        ]
+        results = self.reward(inputs)
+        self.errors += [e for r in results for e in r.errors]
+        return torch.tensor([r.score for r in results], dtype=torch.float32).view(len(samples), -1), results
+
+    def one_round(self, k: int) -> Collected:
+        with self.stage("sample"):
+            idx = self.sampler.select(k)
+            samples = [self.data[i] for i in idx]
+        with self.stage("encode"):
+            prompts = [self.encode(s) for s in samples]
+        with self.stage("rollout"):
+            groups = self.engine.generate(prompts, self.sampling_params())
+        with self.stage("reward"):
+            rewards, results = self.score(samples, prompts, groups)
+        self.sampler.update(idx, rewards)
+        return Collected(idx, samples, prompts, groups, rewards, results)
+
+    def collect(self) -> Collected:
+        """One step's batch of ``train.prompts_per_step`` groups (informative ones only under dynamic sampling)."""
+        k, a = self.cfg.train.prompts_per_step, self.cfg.algo
+        self.errors = []
+        if not a.dynamic_sampling:
+            got = self.one_round(k)
+            got.stats = {"rollout/groups_generated": float(k), "rollout/sampling_rounds": 1.0}
+            return got
+        kept: list[Collected] = []
+        generated = informative = 0
+        for rounds in range(1, a.max_sampling_tries + 1):
+            got = self.one_round(k)
+            keep = [b for b in range(k) if bool(got.rewards[b].std() > 0)] if got.rewards.shape[1] > 1 else []
+            generated, informative = generated + k, informative + len(keep)
+            kept.append(_select(got, keep))
+            if informative >= k:
+                out = _select(_concat(kept), list(range(k)))
+                out.stats = {"rollout/groups_generated": float(generated), "rollout/sampling_rounds": float(rounds)}
+                return out
+        raise SamplingExhausted(
+            f"dynamic sampling kept {informative} informative groups (rewards not all equal) of {generated} generated "
+            f"in {a.max_sampling_tries} rounds, {informative / generated:.1%}, but a batch needs {k}: the prompts are "
+            "too easy or too hard for the policy, or rollout.n is 1; raise algo.max_sampling_tries, change the data, "
+            "or turn algo.dynamic_sampling off"
+        )
+
+
+def _select(c: Collected, keep: list[int]) -> Collected:
+    G = c.rewards.shape[1]
+    return Collected(
+        [c.indices[b] for b in keep],
+        [c.samples[b] for b in keep],
+        [c.prompts[b] for b in keep],
+        [c.groups[b] for b in keep],
+        c.rewards[keep],
+        [r for b in keep for r in c.results[b * G : (b + 1) * G]],
+    )
+
+
+def _concat(parts: list[Collected]) -> Collected:
+    return Collected(
+        [i for p in parts for i in p.indices],
+        [s for p in parts for s in p.samples],
+        [x for p in parts for x in p.prompts],
+        [g for p in parts for g in p.groups],
+        torch.cat([p.rewards for p in parts]),
+        [r for p in parts for r in p.results],
+    )

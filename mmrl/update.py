@@ -1,0 +1,132 @@
+"""The update stage: ``algo.epochs`` passes over one rollout batch, each ``algo.mini_batches`` optimizer steps, each
+accumulated over micro-batches of ``optim.micro_batch_size`` rows (ALGORITHMS.md §1).
+
+Every method is looked up by name and called through one shape, so nothing here branches on a method's name:
+- the policy loss ``LOSSES[algo.loss](logp, old_logp, adv, mask, group_ids=..., **options)`` gives token losses;
+  its options are the clip fields it declares plus ``algo.loss_options``; a loss marked ``needs_whole_groups``
+  gets micro-batches that never split a prompt's group;
+- the aggregation ``AGGREGATIONS[algo.loss_agg]`` turns token losses into numerators and units that add up across
+  micro-batches, so the accumulated gradient equals the whole mini-batch's (tested);
+- the KL to the reference (``KL_ESTIMATORS[algo.kl_estimator]``) is a loss term when ``algo.kl_in: loss`` (as a
+  reward penalty it is applied before the advantages, in the trainer);
+- an entropy bonus subtracts ``algo.entropy_coef`` x the aggregated token entropy (with its gradient).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mmrl.algos import AGGREGATIONS, KL_ESTIMATORS, LOSSES, reduce_stats
+from mmrl.config import Config
+from mmrl.policy import EncodedPrompt, Policy
+
+CLIP_FIELDS = ("clip_low", "clip_high", "dual_clip")
+
+
+@dataclass
+class RolloutBatch:
+    """One step's rollouts, rows prompt-major (the G responses of prompt b are rows b*G .. b*G+G-1)."""
+
+    prompts: list[EncodedPrompt]  # [N] (each prompt repeated G times)
+    completions: list[list[int]]  # [N] token ids
+    group_size: int  # G
+    old_logp: torch.Tensor  # [N, T]
+    ref_logp: torch.Tensor | None = None  # [N, T]
+    entropy: torch.Tensor | None = None  # [N, T] under pi_old, for estimators that need it
+    advantages: torch.Tensor | None = None  # [N] or [N, T]
+
+    @property
+    def mask(self) -> torch.Tensor:  # [N, T]
+        T = self.old_logp.shape[1]
+        lengths = torch.tensor([len(c) for c in self.completions])
+        return (torch.arange(T)[None, :] < lengths[:, None]).float()
+
+
+def loss_options(cfg: Config) -> dict[str, Any]:
+    """The clip fields the loss declares, plus ``algo.loss_options``."""
+    params = inspect.signature(LOSSES.get(cfg.algo.loss)).parameters
+    opts = {k: getattr(cfg.algo, k) for k in CLIP_FIELDS if k in params}
+    return opts | dict(cfg.algo.loss_options)
+
+
+class PolicyUpdate:
+    def __init__(self, cfg: Config, policy: Policy, opt: torch.optim.Optimizer, sched: Any, temperature: float):
+        a = cfg.algo
+        self.cfg, self.policy, self.opt, self.sched, self.temperature = cfg, policy, opt, sched, temperature
+        self.loss_fn: Callable = LOSSES.get(a.loss)
+        self.loss_kwargs = loss_options(cfg)
+        self.agg = AGGREGATIONS.get(a.loss_agg)
+        self.constant = a.loss_agg_constant or float(cfg.rollout.max_new_tokens)
+        self.kl_fn = KL_ESTIMATORS.get(a.kl_estimator) if a.kl_coef > 0 and a.kl_in == "loss" else None
+        self.whole_groups = bool(getattr(self.loss_fn, "needs_whole_groups", False))
+        self.tokens = 0  # tokens through the training forward in the last call (for tokens/s)
+
+    def __call__(self, batch: RolloutBatch) -> dict[str, float]:
+        a, N = self.cfg.algo, len(batch.prompts)
+        lr = self.sched.get_last_lr()[0]  # the rate this update uses (the scheduler steps after it)
+        unit = batch.group_size if self.whole_groups else 1  # rows move in blocks of whole groups when needed
+        steps: list[dict[str, float]] = []
+        self.tokens = 0
+        for _ in range(a.epochs):
+            blocks = torch.randperm(N // unit).tolist()
+            per_step = math.ceil(len(blocks) / a.mini_batches)
+            for s in range(0, len(blocks), per_step):
+                rows = [b * unit + j for b in blocks[s : s + per_step] for j in range(unit)]
+                steps.append(self._optimizer_step(batch, rows, unit))
+        out = {k: sum(st[k] for st in steps) / len(steps) for k in steps[0]}
+        return out | {"lr": lr}
+
+    def _micro_batches(self, rows: list[int], unit: int) -> list[list[int]]:
+        size = max(unit, self.cfg.optim.micro_batch_size // unit * unit)
+        return [rows[s : s + size] for s in range(0, len(rows), size)]
+
+    def _optimizer_step(self, batch: RolloutBatch, rows: list[int], unit: int) -> dict[str, float]:
+        a, dev, pol = self.cfg.algo, self.policy.device, self.policy
+        full_mask = batch.mask
+        micros = self._micro_batches(rows, unit)
+        units = sum(self.agg.units(full_mask[m]) for m in micros)  # the whole mini-batch's denominator
+        self.opt.zero_grad(set_to_none=True)
+        acc = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0}
+        parts: list[tuple[dict[str, Any], float]] = []
+        for part in micros:
+            logp, ent, mask = pol.logprobs(
+                [batch.prompts[i] for i in part],
+                [batch.completions[i] for i in part],
+                temperature=self.temperature,
+                entropy_grad=a.entropy_coef != 0,
+            )
+            T = logp.shape[1]
+            adv = batch.advantages[part]
+            adv = (adv[:, :T] if adv.dim() == 2 else adv).to(dev)
+            group_ids = torch.tensor([i // batch.group_size for i in part], device=dev)
+            tok_loss, st = self.loss_fn(
+                logp, batch.old_logp[part, :T].to(dev), adv, mask, group_ids=group_ids, **self.loss_kwargs
+            )
+            pg = self.agg.numerator(tok_loss, mask, self.constant) / units
+            loss = pg
+            if self.kl_fn is not None and batch.ref_logp is not None:
+                kl = self.agg.numerator(self.kl_fn(logp, batch.ref_logp[part, :T].to(dev)), mask, self.constant)
+                loss = loss + a.kl_coef * kl / units
+                acc["kl"] += kl.item() / units
+            ent_term = self.agg.numerator(ent, mask, self.constant) / units
+            if a.entropy_coef:
+                loss = loss - a.entropy_coef * ent_term
+            loss.backward()
+            n_tok = float(mask.sum())
+            self.tokens += int(n_tok)
+            acc["loss"] += loss.item()
+            acc["pg_loss"] += pg.item()
+            acc["entropy"] += ent_term.item()
+            parts.append(({k: v for k, v in st.items()}, n_tok))
+        params = [p for p in pol.model.parameters() if p.requires_grad]
+        clip = self.cfg.optim.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        self.opt.step()
+        self.sched.step()
+        return acc | reduce_stats(parts) | {"grad_norm": float(norm)}
