@@ -27,11 +27,21 @@ def check_rewards(cfg: Config) -> None:
 
 
 def check_components(cfg: Config) -> None:
-    """Registered names and their options: engine, sampler, advantage, loss."""
-    from mmrl.algos import ADVANTAGES, LOSSES
+    """Registered names and their options: engine, sampler, advantage estimator, loss, aggregation, KL, correction."""
+    from mmrl.algos import (
+        ADVANTAGES,
+        AGGREGATIONS,
+        KL_ESTIMATORS,
+        LOSSES,
+        REWARD_CORRECTIONS,
+        check_reward_correction,
+    )
     from mmrl.registry import validate_kwargs
     from mmrl.rollout import ENGINES
     from mmrl.samplers import SAMPLERS
+    from mmrl.update import loss_options
+
+    a = cfg.algo
 
     def lookup(registry, name: str, field: str):
         try:
@@ -41,12 +51,35 @@ def check_components(cfg: Config) -> None:
 
     lookup(ENGINES, cfg.rollout.engine, "rollout.engine")
     sampler = lookup(SAMPLERS, cfg.sampler.name, "sampler.name")
+    est = lookup(ADVANTAGES, a.advantage, "algo.advantage")
+    loss = lookup(LOSSES, a.loss, "algo.loss")
+    lookup(AGGREGATIONS, a.loss_agg, "algo.loss_agg")
+    lookup(KL_ESTIMATORS, a.kl_estimator, "algo.kl_estimator")
+    lookup(REWARD_CORRECTIONS, a.reward_correction, "algo.reward_correction")
     try:
         validate_kwargs(sampler, cfg.sampler.options, f"sampler.options ({cfg.sampler.name})", skip=("num_records",))
+        validate_kwargs(est, a.advantage_options, f"algo.advantage_options ({a.advantage})", skip=("num_records",))
+        validate_kwargs(loss, loss_options(cfg), f"algo.loss_options ({a.loss})", skip=("logp", "old_logp"))
+        est(1, eps=a.adv_eps, **a.advantage_options)  # the estimator's own range checks
+        if a.reward_correction != "none":
+            check_reward_correction(a.reward_correction, a.advantage)
+            REWARD_CORRECTIONS.get(a.reward_correction)(_one_reward(), fp_rate=a.fp_rate, fn_rate=a.fn_rate)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    lookup(ADVANTAGES, cfg.algo.advantage, "algo.advantage")
-    lookup(LOSSES, cfg.algo.loss, "algo.loss")
+    if cfg.rollout.n < est.min_group_size:
+        raise ConfigError(
+            f"algo.advantage {a.advantage!r} needs at least {est.min_group_size} responses per prompt: set "
+            f"rollout.n >= {est.min_group_size} (got {cfg.rollout.n}), or use a single-rollout estimator "
+            "(reinforce_pp, spo, mssr)"
+        )
+    if a.dynamic_sampling and cfg.rollout.n < 2:
+        raise ConfigError("algo.dynamic_sampling drops groups whose rewards are all equal: it needs rollout.n >= 2")
+
+
+def _one_reward():
+    import torch
+
+    return torch.zeros(1, 2)
 
 
 def check_numbers(cfg: Config) -> None:

@@ -93,6 +93,30 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_list(args: argparse.Namespace) -> int:
+    import mmrl.rewards  # noqa: F401  (registers the built-in rewards)
+    from mmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES, REWARD_CORRECTIONS
+    from mmrl.presets import PRESETS
+    from mmrl.rewards.base import REWARDS
+    from mmrl.rollout import ENGINES
+    from mmrl.samplers import SAMPLERS
+
+    rows = {
+        "presets (algo.preset)": sorted(PRESETS),
+        "advantage estimators (algo.advantage)": ADVANTAGES.names(),
+        "policy losses (algo.loss)": LOSSES.names(),
+        "loss aggregations (algo.loss_agg)": AGGREGATIONS.names(),
+        "KL estimators (algo.kl_estimator)": KL_ESTIMATORS.names(),
+        "reward corrections (algo.reward_correction)": REWARD_CORRECTIONS.names(),
+        "rewards (rewards[].name)": REWARDS.names(),
+        "samplers (sampler.name)": SAMPLERS.names(),
+        "rollout engines (rollout.engine)": ENGINES.names(),
+    }
+    for title, names in rows.items():
+        print(f"{title}: {', '.join(names)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from mmrl import reward_cli
 
@@ -115,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="assets/tiny-qwen2.5-vl")
     b.add_argument("--seed", type=int, default=0)
     b.set_defaults(fn=_cmd_build_tiny)
+    ls = sub.add_parser("list", help="registered presets, algorithms, losses, rewards, samplers and engines")
+    ls.set_defaults(fn=_cmd_list)
     i = sub.add_parser("info", help="versions, GPU, TeX and Chromium")
     i.set_defaults(fn=_cmd_info)
     reward_cli.add_parser(sub)

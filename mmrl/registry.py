@@ -60,8 +60,8 @@ def validate_kwargs(fn: Callable, options: dict, what: str, *, skip: tuple[str, 
                 f"{what}: unknown option {key!r}{hint} (valid options: {', '.join(sorted(params)) or 'none'})"
             )
         default = params[key].default
-        if default is None or default is inspect.Parameter.empty:
-            continue
+        if value is None or default is None or default is inspect.Parameter.empty:
+            continue  # None: the function decides whether it accepts it
         if isinstance(default, bool) and not isinstance(value, bool):
             raise ValueError(f"{what}: option {key!r} expects true or false, got {value!r}")
         if isinstance(default, (int, float)) and not isinstance(default, bool):

@@ -137,8 +137,8 @@ class Trainer:
                 with self.stage("sync_weights"):
                     self.engine.sync_weights()
                 self.step += 1
-                self.last_kl = update_stats.get("kl") if self.ref is not None else None
-                metrics = {"step": self.step, **self.reward_stats(got), **adv_stats, **update_stats}
+                metrics = {"step": self.step, **self.reward_stats(got), **update_stats, **adv_stats}
+                self.last_kl = metrics["kl"] if self.ref is not None else None  # MSSR's forgetting factor reads it
                 metrics |= self.rollout_stats(got) | got.stats | self.sampler_stats()
                 metrics |= self.maybe_evaluate() | self.throughput(got)
                 self.logger.log(metrics)
@@ -220,12 +220,14 @@ class Trainer:
     def advantages(self, got: Collected, batch: RolloutBatch) -> dict[str, float]:
         a = self.cfg.algo
         rewards = self.correction(got.rewards, fp_rate=a.fp_rate, fn_rate=a.fn_rate)  # [B, G]
+        stats: dict[str, float] = {}
         if a.kl_in == "reward" and batch.ref_logp is not None:
             kl_tok = KL_ESTIMATORS.get(a.kl_estimator)(batch.old_logp, batch.ref_logp)
             rewards = kl_penalised_rewards(rewards, kl_tok, batch.mask, a.kl_coef)
+            stats["kl"] = ((kl_tok * batch.mask).sum() / batch.mask.sum().clamp(min=1)).item()
         inp = AdvantageInput(rewards, got.indices, batch.old_logp, batch.mask, batch.entropy, self.last_kl)
-        batch.advantages, stats = self.estimator(inp)
-        return stats
+        batch.advantages, est_stats = self.estimator(inp)
+        return stats | est_stats
 
     def reward_stats(self, got: Collected) -> dict[str, float]:
         scores = got.rewards
