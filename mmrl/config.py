@@ -138,7 +138,7 @@ class OptimConfig:
 
 @dataclass
 class SamplerConfig:
-    name: str = opt("prompt sampler (registered): uniform", "uniform")
+    name: str = opt("prompt sampler (registered): uniform, vade (ALGORITHMS.md §3)", "uniform")
     options: dict[str, Any] = opt("sampler options", factory=dict)
 
 

@@ -139,7 +139,7 @@ class Trainer:
                 self.step += 1
                 metrics = {"step": self.step, **self.reward_stats(got), **update_stats, **adv_stats}
                 self.last_kl = metrics["kl"] if self.ref is not None else None  # MSSR's forgetting factor reads it
-                metrics |= self.rollout_stats(got) | got.stats | self.sampler_stats()
+                metrics |= self.rollout_stats(got) | got.stats | self.sampler.stats()
                 metrics |= self.maybe_evaluate() | self.throughput(got)
                 self.logger.log(metrics)
                 self._write_rollouts(got)
@@ -260,9 +260,6 @@ class Trainer:
             "rollout/truncated_frac": sum(c.finish_reason == "length" for c in comps) / len(lens),
             "rollout/groups_with_signal": groups_with_signal(got.rewards).float().mean().item(),
         }
-
-    def sampler_stats(self) -> dict[str, float]:
-        return self.sampler.stats() if hasattr(self.sampler, "stats") else {}
 
     def throughput(self, got: Collected) -> dict[str, float]:
         """Tokens per second of the rollout stage and of the update stage (process diagnostics, under time/)."""

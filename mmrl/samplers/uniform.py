@@ -38,6 +38,9 @@ class UniformSampler:
     def update(self, indices: list[int], rewards: torch.Tensor) -> None:
         return None
 
+    def stats(self) -> dict[str, float]:
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "n": self.n}
 
