@@ -1,13 +1,14 @@
 """Speed of mmrl's GRPO trainer against TRL's ``GRPOTrainer`` on the same tiny workload, in one process.
 
 Workload (identical on both sides): the bundled random tiny Qwen2.5-VL (``assets/tiny-qwen2.5-vl``), fp32 on CPU
-with one thread; shapes-recipe records (56x56 images, one-word answers) written by
-``mmrl.recipes.shapes.data.build``; 8 prompts x G=8 responses per step, at most 4 new tokens, temperature 1.0,
+with one thread; shapes-recipe records (one-word answers) written by ``mmrl.recipes.shapes.data.build``, their
+images re-saved at ``--image-size`` pixels square (LANCZOS from the recipe's 56x56) so both sides read the same
+files; 8 prompts x G=8 responses per step, at most ``--max-new-tokens`` new tokens, temperature 1.0,
 lr 2e-4 constant, AdamW (``torch.optim.AdamW``), grad clip 1.0, beta 0 (no reference model), one policy update per
 rollout batch done as a single 64-sequence forward/backward, no gradient checkpointing, exact-match reward
 (mmrl's ``exact_match``; on the TRL side a reward function calling the same ``normalize_text``/``answer_text``).
-Images stay 56x56 on both sides (min_pixels = max_pixels = 3136; mmrl resizes with ``smart_resize`` before the
-processor, TRL's image processor gets the same pixel bounds). ``n_train`` = prompts per step x steps, so no prompt
+Images stay at that size on both sides (min_pixels = max_pixels = size^2; mmrl resizes with ``smart_resize`` before
+the processor, TRL's image processor gets the same pixel bounds). ``n_train`` = prompts per step x steps, so no prompt
 repeats within a run: mmrl caches encoded prompts by sample id, and repeats would flatter it.
 
 Timing: s/step is the wall-clock interval between the ends of consecutive training steps, so it counts everything
@@ -28,7 +29,15 @@ The rewards are ~0 throughout (the tiny model is untrained), so advantages are z
 both sides still do the full forward/backward/optimizer work. Mean reward (first vs last steps) is printed for
 information only.
 
+The defaults (4 new tokens, 56 px: 4 image tokens per prompt) make a step mostly fixed costs; 64 new tokens at
+112 px (16 image tokens) is closer to a real rollout, where generation and the completion's log-probs dominate.
+A random model samples from its whole vocabulary, vision placeholders included, and a sampled ``<|image_pad|>`` in a
+completion makes the training forward count one image token too many and fail. Both sides suppress the same vision
+tokens at sampling: mmrl always does; TRL suppresses ``<|image_pad|>`` by itself and here gets the full list as
+``generation_kwargs={"suppress_tokens": ...}``.
+
     OMP_NUM_THREADS=1 python benchmarks/grpo_vs_trl.py [--steps 10 --warmup 2 --rounds 2 --order mmrl-first]
+        [--max-new-tokens 4 --image-size 56]
 
 The last line is ``s/step: mmrl X trl Y ratio Z`` with ratio = trl / mmrl (above 1: mmrl is faster).
 """
@@ -74,7 +83,17 @@ from mmrl.trainer import Trainer  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "assets" / "tiny-qwen2.5-vl"
 RECIPE = REPO / "recipes" / "shapes" / "tiny.yaml"
-PROMPTS, G, MAX_NEW, LR, PIXELS = 8, 8, 4, 2e-4, 56 * 56
+PROMPTS, G, LR = 8, 8, 2e-4
+
+
+@dataclass(frozen=True)
+class Workload:
+    max_new_tokens: int
+    image_size: int  # pixels per side of every image, both sides
+
+    @property
+    def pixels(self) -> int:
+        return self.image_size**2
 
 
 @dataclass
@@ -138,17 +157,17 @@ def intervals(ends: list[tuple[float, float]], start: tuple[float, float]) -> tu
 
 
 # ---------------------------------------------------------------------------------------------------- mmrl
-def run_mmrl(data: Path, out: Path, steps: int, warmup: int) -> SideResult:
+def run_mmrl(data: Path, out: Path, steps: int, warmup: int, work: Workload) -> SideResult:
     overrides = [
         f"model.path={MODEL}",
-        f"model.min_pixels={PIXELS}",
-        f"model.max_pixels={PIXELS}",
+        f"model.min_pixels={work.pixels}",
+        f"model.max_pixels={work.pixels}",
         f"data.train={data / 'train.jsonl'}",
         "data.eval=null",
         "data.builder=null",
         f"rollout.n={G}",
         "rollout.temperature=1.0",
-        f"rollout.max_new_tokens={MAX_NEW}",
+        f"rollout.max_new_tokens={work.max_new_tokens}",
         f"rollout.batch_size={PROMPTS}",
         "algo.kl_coef=0.0",
         "algo.epochs=1",
@@ -178,10 +197,11 @@ def run_mmrl(data: Path, out: Path, steps: int, warmup: int) -> SideResult:
         trainer.fit()
     rows = read_metrics(out / "metrics.jsonl")
     wall, cpu = intervals(ends, start)
-    inner = [sum(v for k, v in r.items() if k.startswith("time/")) for r in rows]
-    stages = {
-        k[5:]: statistics.median(r[k] for r in rows[warmup:]) for k in rows[-1] if k.startswith("time/")
-    }
+    stage_keys = [
+        k for k in rows[-1] if k.startswith("time/") and not k.endswith("_per_s")
+    ]  # seconds, not rates
+    inner = [sum(r.get(k, 0.0) for k in stage_keys) for r in rows]
+    stages = {k[5:]: statistics.median(r[k] for r in rows[warmup:]) for k in stage_keys}
     del trainer
     return SideResult(
         "mmrl",
@@ -236,14 +256,24 @@ def trl_dataset(data: Path) -> Dataset:
     return Dataset.from_list(rows)
 
 
-def run_trl(data: Path, out: Path, steps: int, warmup: int) -> SideResult:
+def vision_token_ids(processor: AutoProcessor) -> list[int]:
+    """Image/video placeholders and vision start/end/pad: tokens a completion must never contain."""
+    vocab = processor.tokenizer.get_vocab()
+    names = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>"]
+    return sorted(vocab[n] for n in names if n in vocab)
+
+
+def run_trl(data: Path, out: Path, steps: int, warmup: int, work: Workload) -> SideResult:
+    processor = AutoProcessor.from_pretrained(MODEL, padding_side="left")
+    processor.image_processor.size = {"shortest_edge": work.pixels, "longest_edge": work.pixels}
     args = GRPOConfig(
         output_dir=str(out),
         per_device_train_batch_size=PROMPTS * G,
         gradient_accumulation_steps=1,
         steps_per_generation=1,
         num_generations=G,
-        max_completion_length=MAX_NEW,
+        max_completion_length=work.max_new_tokens,
+        generation_kwargs={"suppress_tokens": vision_token_ids(processor)},
         temperature=1.0,
         learning_rate=LR,
         lr_scheduler_type="constant",
@@ -266,8 +296,6 @@ def run_trl(data: Path, out: Path, steps: int, warmup: int) -> SideResult:
     release_memory()
     with RssMonitor() as mem:
         model = AutoModelForImageTextToText.from_pretrained(MODEL, dtype=torch.float32)
-        processor = AutoProcessor.from_pretrained(MODEL, padding_side="left")
-        processor.image_processor.size = {"shortest_edge": PIXELS, "longest_edge": PIXELS}
         clock = StepClock()
         trainer = GRPOTrainer(
             model=model,
@@ -293,6 +321,14 @@ def run_trl(data: Path, out: Path, steps: int, warmup: int) -> SideResult:
         mem.growth_mb,
         notes,
     )
+
+
+def resize_images(folder: Path, size: int) -> None:
+    """Re-save every image of the built records at ``size`` x ``size`` pixels, in place."""
+    for path in sorted(folder.iterdir()):
+        with Image.open(path) as im:
+            resized = im.convert("RGB").resize((size, size), Image.LANCZOS)
+        resized.save(path)
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -329,13 +365,21 @@ def main() -> None:
     )
     ap.add_argument("--rounds", type=int, default=2, help="runs per side, in A B B A ... order")
     ap.add_argument("--order", choices=["mmrl-first", "trl-first"], default="mmrl-first")
+    ap.add_argument("--max-new-tokens", type=int, default=4, help="completion length limit, both sides")
+    ap.add_argument("--image-size", type=int, default=56, help="image side in pixels (a multiple of 28)")
     a = ap.parse_args()
+    if a.image_size % 28:
+        ap.error(
+            f"--image-size {a.image_size} is not a multiple of 28 (Qwen2.5-VL's patch grid); try 56 or 112"
+        )
+    work = Workload(a.max_new_tokens, a.image_size)
     hf_logging.disable_progress_bar()
     total = a.steps + a.warmup
     first = ["mmrl", "trl"] if a.order == "mmrl-first" else ["trl", "mmrl"]
     order = [n for r in range(a.rounds) for n in (first if r % 2 == 0 else first[::-1])]
     print(
-        f"torch threads {torch.get_num_threads()}, {PROMPTS} prompts x G={G}, max {MAX_NEW} new tokens, "
+        f"torch threads {torch.get_num_threads()}, {PROMPTS} prompts x G={G}, max {work.max_new_tokens} new tokens, "
+        f"{work.image_size}x{work.image_size} images, "
         f"{a.warmup} warm-up + {a.steps} measured steps per run, run order {' '.join(order)}"
     )
     runners = {"mmrl": run_mmrl, "trl": run_trl}
@@ -343,8 +387,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="grpo_vs_trl_") as tmp:
         root = Path(tmp)
         build(root / "data", n_train=PROMPTS * total, n_eval=0, seed=0)
+        resize_images(root / "data" / "images", work.image_size)
         for i, n in enumerate(order):
-            res[n].append(runners[n](root / "data", root / f"{n}-{i}", total, a.warmup))
+            res[n].append(runners[n](root / "data", root / f"{n}-{i}", total, a.warmup, work))
     k = max(1, min(3, total // 2))
     for n in ("mmrl", "trl"):
         print_side(res[n], k)

@@ -57,8 +57,12 @@ def check_components(cfg: Config) -> None:
     lookup(KL_ESTIMATORS, a.kl_estimator, "algo.kl_estimator")
     lookup(REWARD_CORRECTIONS, a.reward_correction, "algo.reward_correction")
     try:
-        validate_kwargs(sampler, cfg.sampler.options, f"sampler.options ({cfg.sampler.name})", skip=("num_records",))
-        validate_kwargs(est, a.advantage_options, f"algo.advantage_options ({a.advantage})", skip=("num_records",))
+        validate_kwargs(
+            sampler, cfg.sampler.options, f"sampler.options ({cfg.sampler.name})", skip=("num_records",)
+        )
+        validate_kwargs(
+            est, a.advantage_options, f"algo.advantage_options ({a.advantage})", skip=("num_records",)
+        )
         validate_kwargs(loss, loss_options(cfg), f"algo.loss_options ({a.loss})", skip=("logp", "old_logp"))
         est(1, eps=a.adv_eps, **a.advantage_options)  # the estimator's own range checks
         if a.reward_correction != "none":
@@ -73,7 +77,9 @@ def check_components(cfg: Config) -> None:
             "(reinforce_pp, spo, mssr)"
         )
     if a.dynamic_sampling and cfg.rollout.n < 2:
-        raise ConfigError("algo.dynamic_sampling drops groups whose rewards are all equal: it needs rollout.n >= 2")
+        raise ConfigError(
+            "algo.dynamic_sampling drops groups whose rewards are all equal: it needs rollout.n >= 2"
+        )
 
 
 def _one_reward():

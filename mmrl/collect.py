@@ -33,10 +33,19 @@ class SamplingExhausted(RuntimeError):
 def reward_inputs(
     sample: Sample, prompt: EncodedPrompt, texts: list[str], lengths: list[int]
 ) -> list[RewardInput]:
-    meta = {**sample.metadata, "image_sizes": prompt.image_sizes, "model_image_sizes": prompt.model_image_sizes}
+    meta = {
+        **sample.metadata,
+        "image_sizes": prompt.image_sizes,
+        "model_image_sizes": prompt.model_image_sizes,
+    }
     return [
         RewardInput(
-            sample.id, t, sample.answer, sample.prompt_text, list(sample.images), {**meta, "response_tokens": n}
+            sample.id,
+            t,
+            sample.answer,
+            sample.prompt_text,
+            list(sample.images),
+            {**meta, "response_tokens": n},
         )
         for t, n in zip(texts, lengths)
     ]
@@ -119,7 +128,10 @@ class Collector:
             kept.append(_select(got, keep))
             if informative >= k:
                 out = _select(_concat(kept), list(range(k)))
-                out.stats = {"rollout/groups_generated": float(generated), "rollout/sampling_rounds": float(rounds)}
+                out.stats = {
+                    "rollout/groups_generated": float(generated),
+                    "rollout/sampling_rounds": float(rounds),
+                }
                 return out
         raise SamplingExhausted(
             f"dynamic sampling kept {informative} informative groups (rewards not all equal) of {generated} generated "

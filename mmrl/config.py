@@ -29,6 +29,20 @@ def opt(text: str, default: Any = dataclasses.MISSING, factory: Any = dataclasse
 
 
 @dataclass
+class LoraConfig:
+    r: int = opt("LoRA rank (0 = train the full model)", 0)
+    alpha: float = opt("LoRA scaling numerator (the update is alpha / r * B A)", 16.0)
+    dropout: float = opt("dropout on the LoRA branch's input (all other dropout stays off)", 0.0)
+    target_modules: list[str] | str = opt(
+        "module names (or one regex) that get adapters; the default covers the language model's projections",
+        r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)",
+    )
+    save_merged: bool = opt(
+        "checkpoints also hold the merged full model (HF format) beside the adapter", False
+    )
+
+
+@dataclass
 class ModelConfig:
     path: str = opt("HF model folder or hub id (loaded with from_pretrained)", "assets/tiny-qwen2.5-vl")
     dtype: Literal["float32", "bfloat16"] = opt(
@@ -46,6 +60,9 @@ class ModelConfig:
     video_fps: float = opt("frames per second sampled from videos", 2.0)
     video_max_frames: int = opt("most frames taken from one video", 16)
     freeze_vision: bool = opt("keep the vision tower's weights fixed", False)
+    lora: LoraConfig = opt(
+        "low-rank adapters (peft); the reference model is the base with adapters disabled", factory=LoraConfig
+    )
     logits_chunk_tokens: int = opt(
         "tokens whose full-vocabulary logits exist at once when scoring log-probs (memory: chunk x vocab x 4 B)",
         1024,
@@ -82,12 +99,19 @@ class RolloutConfig:
 @dataclass
 class AlgoConfig:
     preset: str | None = opt(
-        "algorithm preset applied before the recipe's own fields: grpo, dr_grpo, dapo, gspo, mssr (mmrl list)", None
+        "algorithm preset applied before the recipe's own fields: grpo, dr_grpo, dapo, gspo, mssr, spo (mmrl list)",
+        None,
     )
-    advantage: str = opt("advantage estimator (registered): grpo, dr_grpo, rloo, reinforce_pp, spo, mssr, ...", "grpo")
-    advantage_options: dict[str, Any] = opt("the estimator's own options (checked against its signature)", factory=dict)
+    advantage: str = opt(
+        "advantage estimator (registered): grpo, dr_grpo, rloo, reinforce_pp, spo, mssr, ...", "grpo"
+    )
+    advantage_options: dict[str, Any] = opt(
+        "the estimator's own options (checked against its signature)", factory=dict
+    )
     loss: str = opt("policy loss (registered): clipped, gspo, reg_grpo", "clipped")
-    loss_options: dict[str, Any] = opt("extra options of the loss function (checked against its signature)", factory=dict)
+    loss_options: dict[str, Any] = opt(
+        "extra options of the loss function (checked against its signature)", factory=dict
+    )
     loss_agg: str = opt(
         "how token losses become one number (registered): token-mean, seq-mean-token-mean, seq-mean-token-sum-norm",
         "token-mean",
@@ -100,8 +124,12 @@ class AlgoConfig:
     dual_clip: float | None = opt("dual-clip constant c for negative advantages (None = off)", 3.0)
     kl_coef: float = opt("beta of the KL to the frozen reference model (0 = no reference model)", 0.0)
     kl_estimator: str = opt("per-token KL estimator (registered): k1, k2, k3", "k3")
-    kl_in: Literal["loss", "reward"] = opt("the KL is a loss term, or a penalty subtracted from each reward", "loss")
-    entropy_coef: float = opt("entropy bonus: the loss subtracts this times the aggregated token entropy", 0.0)
+    kl_in: Literal["loss", "reward"] = opt(
+        "the KL is a loss term, or a penalty subtracted from each reward", "loss"
+    )
+    entropy_coef: float = opt(
+        "entropy bonus: the loss subtracts this times the aggregated token entropy", 0.0
+    )
     reward_correction: str = opt("noisy-verifier correction (registered): none, backward, forward", "none")
     fp_rate: float = opt("the verifier's false-positive rate r0 (reward corrections)", 0.0)
     fn_rate: float = opt("the verifier's false-negative rate r1 (reward corrections)", 0.0)
@@ -172,7 +200,9 @@ class TrainConfig:
     progress: bool = opt("show a rich progress bar", True)
     reward_workers: int = opt("worker processes for heavy (rendering) rewards", 2)
     reward_timeout_s: float = opt("per-item timeout of a heavy reward", 30.0)
-    prompt_cache_mb: int = opt("memory for encoded prompts (tensors and resized media), least recently used out", 1024)
+    prompt_cache_mb: int = opt(
+        "memory for encoded prompts (tensors and resized media), least recently used out", 1024
+    )
 
 
 @dataclass

@@ -45,17 +45,27 @@ class LoadedData:
                 f.write(json.dumps(s) + "\n")
 
 
+def _drop_nulls(value: Any) -> Any:
+    """Columnar formats (parquet, HF datasets) have no 'absent': a field one record lacks comes back as null once
+    the schemas are unified. Such nulls mean "not given", as in the JSONL the record came from."""
+    if isinstance(value, dict):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
 def _read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """Return ``(where, row)`` pairs; ``where`` names the row for error messages."""
     if path.is_dir():
-        import datasets  # optional: only for saved HF datasets
+        import datasets
 
         ds = datasets.load_from_disk(str(path))
-        return [(f"{path} row {i}", dict(r)) for i, r in enumerate(ds)]
+        return [(f"{path} row {i}", _drop_nulls(dict(r))) for i, r in enumerate(ds)]
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
+        return [(f"{path} row {i}", _drop_nulls(r)) for i, r in enumerate(pq.read_table(path).to_pylist())]
     rows = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):

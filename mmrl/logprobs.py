@@ -68,7 +68,13 @@ def selective_logprobs(
     logps, ents = [], []
     for s in range(0, B * T, max(1, chunk)):
         args = (
-            head, flat_h[s : s + chunk], flat_t[s : s + chunk], temperature, suppress, with_entropy, entropy_grad
+            head,
+            flat_h[s : s + chunk],
+            flat_t[s : s + chunk],
+            temperature,
+            suppress,
+            with_entropy,
+            entropy_grad,
         )
         if grad:
             lp, ent = checkpoint(_chunk_logp_entropy, *args, use_reentrant=False)

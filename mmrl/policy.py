@@ -27,6 +27,13 @@ Hardening that real checkpoints need (issue 6):
   transformers fills every unset generation field from it while pi_old is scored from the plain logits.
 - Log-probs and entropies are computed chunk by chunk from the hidden states (:mod:`mmrl.logprobs`); the full
   ``[B, T, V]`` logits never exist in fp32.
+
+LoRA (``model.lora.r > 0``, peft): adapters are injected into the model in place, so ``self.model`` stays the HF model
+and every code path above is unchanged; only adapter weights train. The reference model is this same model with
+adapters disabled (:meth:`Policy.reference`), never a second copy. A checkpoint's ``model/`` holds ``adapter/`` (and,
+with ``lora.save_merged``, the merged model in HF format); engines that keep their own weights (vLLM) receive
+:meth:`Policy.merged_state_dict`, computed as W + delta without touching the training weights (merging in place and
+back would round them).
 """
 
 from __future__ import annotations
@@ -57,7 +64,13 @@ VISION_TOKEN_ATTRS = (
     "image_token_index",
     "video_token_index",
 )
-VISION_TOKEN_NAMES = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>")
+VISION_TOKEN_NAMES = (
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+)
 # generation settings that would change what is sampled without changing how pi_old is scored
 SAMPLING_FIELDS = (
     "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
@@ -102,8 +115,9 @@ def pick_device(name: str) -> torch.device:
 
 
 class Policy:
-    def __init__(self, model: Any, processor: Any, cfg: ModelConfig):
+    def __init__(self, model: Any, processor: Any, cfg: ModelConfig, peft_model: Any = None):
         self.model = model
+        self.peft = peft_model  # the PeftModel wrapping ``model`` when LoRA is on
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.cfg = cfg
@@ -126,7 +140,8 @@ class Policy:
         frozen ones (reference model, evaluation) are stored in ``cfg.dtype``."""
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
-        src = resolve_model_path(path or cfg.path)
+        # a LoRA checkpoint holds the adapter only: the base weights come from model.path
+        src = resolve_model_path(cfg.path if cfg.lora.r > 0 and trainable else (path or cfg.path))
         kwargs: dict[str, Any] = {"dtype": torch.float32 if trainable else getattr(torch, cfg.dtype)}
         if cfg.attn_implementation:
             kwargs["attn_implementation"] = cfg.attn_implementation
@@ -149,8 +164,11 @@ class Policy:
             for name, p in model.named_parameters():
                 if not trainable or ".visual." in f".{name}":
                     p.requires_grad_(False)
+        peft_model = None
+        if cfg.lora.r > 0 and trainable:
+            peft_model = _add_lora(model, cfg, adapter=Path(path) / "adapter" if path else None)
         model.eval()
-        return cls(model, processor, cfg)
+        return cls(model, processor, cfg, peft_model)
 
     def _vision_token_ids(self) -> list[int]:
         ids: set[int] = set()
@@ -197,8 +215,8 @@ class Policy:
     def training(self):
         """Train mode for an update (gradient checkpointing runs), with dropout kept off; eval mode afterwards."""
         self.model.train()
-        for m in self.model.modules():
-            if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+        for name, m in self.model.named_modules():
+            if isinstance(m, torch.nn.modules.dropout._DropoutNd) and ".lora_dropout." not in f".{name}.":
                 m.eval()
         try:
             yield
@@ -242,8 +260,13 @@ class Policy:
             kwargs["images"] = images
             kwargs["images_kwargs"] = {"do_resize": False}
         if videos:
+            if len(set(video_meta)) > 1:  # transformers takes one fps per processor call
+                raise ValueError(
+                    f"sample '{sample.id}': its videos were sampled at different rates {video_meta}; "
+                    "re-encode them at one frame rate"
+                )
             kwargs["videos"] = videos
-            kwargs["videos_kwargs"] = {"do_resize": False, "do_sample_frames": False, "fps": video_meta}
+            kwargs["videos_kwargs"] = {"do_resize": False, "do_sample_frames": False, "fps": video_meta[0]}
         out = self.processor(**kwargs)
         L = out["input_ids"].shape[1]
         rest = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
@@ -355,6 +378,60 @@ class Policy:
         )
         return (ce * mask).sum() / mask.sum().clamp(min=1.0)
 
+    # ---------------------------------------------------------------- LoRA, weights, saving
+    @contextmanager
+    def reference(self):
+        """The reference policy: with LoRA, this model with its adapters disabled (no second copy)."""
+        if self.peft is None:
+            raise ValueError(
+                "Policy.reference() needs LoRA; without it the reference is a separate frozen Policy"
+            )
+        with self.peft.disable_adapter():
+            yield self
+
+    def merged_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's weights in the plain HF layout; with LoRA, each adapted weight is W + (alpha / r) B A."""
+        if self.peft is None:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        from peft.tuners.lora import LoraLayer
+
+        out = {k: v.detach() for k, v in self.model.state_dict().items() if "lora_" not in k}
+        for name, module in self.model.named_modules():
+            if isinstance(module, LoraLayer):
+                w = module.get_base_layer().weight.detach()
+                delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
+                out[f"{name}.weight"] = (w + delta).to(w.dtype)
+                out.pop(f"{name}.base_layer.weight", None)
+                if f"{name}.base_layer.bias" in out:
+                    out[f"{name}.bias"] = out.pop(f"{name}.base_layer.bias")
+        return out
+
     def save(self, path: str | os.PathLike) -> None:
+        """HF format (processor included). With LoRA: ``path/adapter/``, plus the merged model when asked."""
+        path = Path(path)
+        if self.peft is not None:
+            self.peft.save_pretrained(path / "adapter")
+            self.processor.save_pretrained(path)
+            if self.cfg.lora.save_merged:
+                self.model.save_pretrained(path, state_dict=self.merged_state_dict())
+            return
         self.model.save_pretrained(path)
         self.processor.save_pretrained(path)
+
+
+def _add_lora(model: Any, cfg: ModelConfig, adapter: Path | None) -> Any:
+    """Inject LoRA adapters into ``model`` in place (fresh, or loaded from a checkpoint's ``adapter/``)."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import PeftModel, get_peft_model
+
+    if adapter is not None:
+        if not (adapter / "adapter_config.json").is_file():
+            raise FileNotFoundError(
+                f"LoRA checkpoint without an adapter: {adapter} (was it saved with model.lora.r > 0?)"
+            )
+        return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+    lo = cfg.lora
+    conf = PeftLoraConfig(
+        r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout, target_modules=lo.target_modules
+    )
+    return get_peft_model(model, conf)

@@ -11,6 +11,8 @@ the command line still wins. Values are the papers' (ALGORITHMS.md §1, §2), ex
   a reward (``overlong_penalty`` with the recipe's ``max_length``/``buffer``), so it belongs in the recipe's
   ``rewards`` list, which a preset cannot extend without replacing it.
 - ``gspo``: sequence-ratio loss with clip 3e-4 / 4e-4, seq-mean-token-mean, no KL, G = 8.
+- ``spo``: ``mssr`` without the entropy shaping (plain single-rollout with SPO's tracker): the ablation that MSSR's
+  paper reports as unstable.
 - ``mssr``: one response per prompt, the MSSR estimator with the paper's global forgetting rule (window 10,
   target KL 0.01) and sampled-token entropy shaping, clip 0.2 / 0.3, dual clip 3, token-mean, k3 KL 0.01 in the
   loss. For the paper's equal-rollout comparison set ``train.prompts_per_step`` to G times the GRPO run's. The
@@ -87,6 +89,21 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "window": 10,
                 "entropy": "sampled",
             },
+            "loss": "clipped",
+            "loss_agg": "token-mean",
+            "clip_low": 0.2,
+            "clip_high": 0.3,
+            "dual_clip": 3.0,
+            "kl_coef": 0.01,
+            "kl_estimator": "k3",
+            "kl_in": "loss",
+        },
+        "rollout": {"n": 1},
+    },
+    "spo": {
+        "algo": {
+            "advantage": "spo",
+            "advantage_options": {"rho": "global", "rho_rule": "paper", "target_kl": 0.01, "window": 10},
             "loss": "clipped",
             "loss_agg": "token-mean",
             "clip_low": 0.2,

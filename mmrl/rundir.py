@@ -66,7 +66,9 @@ def prepare(out: Path, *, resume: bool, overwrite: bool, max_steps: int) -> Path
         return None
     ckpt = latest_checkpoint(out / "checkpoints")
     if ckpt is None:
-        raise ConfigError(f"--resume: no complete checkpoint under {out / 'checkpoints'} (start without --resume)")
+        raise ConfigError(
+            f"--resume: no complete checkpoint under {out / 'checkpoints'} (start without --resume)"
+        )
     step = int(ckpt.name.removeprefix("step-"))
     if step >= max_steps:
         raise RunFinished(f"the run in {out} already finished at step {step} (train.max_steps={max_steps})")

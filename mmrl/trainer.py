@@ -82,7 +82,9 @@ class Trainer:
             self.eval_data = load_split(cfg.data, cfg.data.eval, skipped)[: cfg.eval.max_samples]
         a = cfg.algo
         self.policy = Policy.from_pretrained(cfg.model, path=str(ckpt / "model") if ckpt else None)
-        self.ref = Policy.from_pretrained(cfg.model, trainable=False) if a.kl_coef > 0 else None
+        # the reference: a frozen copy, or with LoRA the policy itself with adapters disabled (Policy.reference)
+        separate_ref = a.kl_coef > 0 and cfg.model.lora.r == 0
+        self.ref = Policy.from_pretrained(cfg.model, trainable=False) if separate_ref else None
         self.engine = ENGINES.get(cfg.rollout.engine)(self.policy, batch_size=cfg.rollout.batch_size)
         self.sampler = SAMPLERS.get(cfg.sampler.name)(
             len(self.train_data), seed=cfg.train.seed, **cfg.sampler.options
@@ -129,7 +131,7 @@ class Trainer:
                 with self.stage("old_logprobs"):
                     batch = self.make_batch(got)
                 with self.stage("ref_logprobs"):
-                    batch.ref_logp = self.forward_no_grad(self.ref, batch)[0] if self.ref else None
+                    batch.ref_logp = self.reference_logprobs(batch) if cfg.algo.kl_coef > 0 else None
                 with self.stage("advantages"):
                     adv_stats = self.advantages(got, batch)
                 with self.stage("update"), self.policy.training():
@@ -138,7 +140,9 @@ class Trainer:
                     self.engine.sync_weights()
                 self.step += 1
                 metrics = {"step": self.step, **self.reward_stats(got), **update_stats, **adv_stats}
-                self.last_kl = metrics["kl"] if self.ref is not None else None  # MSSR's forgetting factor reads it
+                self.last_kl = (
+                    metrics["kl"] if cfg.algo.kl_coef > 0 else None
+                )  # MSSR's forgetting factor reads it
                 metrics |= self.rollout_stats(got) | got.stats | self.sampler.stats()
                 metrics |= self.maybe_evaluate() | self.throughput(got)
                 self.logger.log(metrics)
@@ -216,6 +220,12 @@ class Trainer:
             if ent is not None:
                 ent[i : i + mb, : e.shape[1]] = e.float().cpu()
         return logp, ent
+
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        if self.ref is not None:
+            return self.forward_no_grad(self.ref, batch)[0]
+        with self.policy.reference():
+            return self.forward_no_grad(self.policy, batch)[0]
 
     def advantages(self, got: Collected, batch: RolloutBatch) -> dict[str, float]:
         a = self.cfg.algo

@@ -56,7 +56,9 @@ def loss_options(cfg: Config) -> dict[str, Any]:
 
 
 class PolicyUpdate:
-    def __init__(self, cfg: Config, policy: Policy, opt: torch.optim.Optimizer, sched: Any, temperature: float):
+    def __init__(
+        self, cfg: Config, policy: Policy, opt: torch.optim.Optimizer, sched: Any, temperature: float
+    ):
         a = cfg.algo
         self.cfg, self.policy, self.opt, self.sched, self.temperature = cfg, policy, opt, sched, temperature
         self.loss_fn: Callable = LOSSES.get(a.loss)
@@ -111,7 +113,9 @@ class PolicyUpdate:
             pg = self.agg.numerator(tok_loss, mask, self.constant) / units
             loss = pg
             if self.kl_fn is not None and batch.ref_logp is not None:
-                kl = self.agg.numerator(self.kl_fn(logp, batch.ref_logp[part, :T].to(dev)), mask, self.constant)
+                kl = self.agg.numerator(
+                    self.kl_fn(logp, batch.ref_logp[part, :T].to(dev)), mask, self.constant
+                )
                 loss = loss + a.kl_coef * kl / units
                 acc["kl"] += kl.item() / units
             ent_term = self.agg.numerator(ent, mask, self.constant) / units

@@ -1,9 +1,14 @@
 import json
+from pathlib import Path
 
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
 from mmrl.data import DataError, load_dataset
+from mmrl.types import Sample
 
 
 def _write(tmp_path, rows):
@@ -72,11 +77,72 @@ def test_skip_mode_lists_skipped(tmp_path, img):
     assert len((tmp_path / "out" / "skipped.jsonl").read_text().splitlines()) == 4
 
 
-def test_parquet_records(tmp_path, img):
-    pa = pytest.importorskip("pyarrow", reason="pyarrow (installed with the dev extra) reads parquet")
-    import pyarrow.parquet as pq
+# Parquet files and saved HF datasets store records by column; image paths are resolved against the parquet file's
+# folder or against the saved dataset's own folder.
+COLUMNAR_ROWS = [
+    {
+        "id": "c1",
+        "prompt": "What colour is it? <image>",
+        "images": ["a.png"],
+        "answer": "red",
+        "metadata": {"n": 1},
+    },
+    {
+        "id": "c2",
+        "prompt": "<image> How many shapes?",
+        "images": ["a.png"],
+        "answer": "3",
+        "metadata": {"n": 3},
+    },
+]
 
-    rows = [{"id": "p1", "prompt": "Q?", "images": [img], "answer": "red", "metadata": {"kind": "colour"}}]
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
-    s = load_dataset(tmp_path / "d.parquet").samples[0]
-    assert (s.id, s.answer, s.metadata, s.images) == ("p1", "red", {"kind": "colour"}, [str(tmp_path / img)])
+
+def _columnar_samples(image: Path) -> list[Sample]:
+    user = lambda *parts: [{"role": "user", "content": list(parts)}]  # noqa: E731
+    return [
+        Sample("c1", user({"type": "text", "text": "What colour is it? "}, {"type": "image"}), [str(image)],
+               answer="red", metadata={"n": 1}),
+        Sample("c2", user({"type": "image"}, {"type": "text", "text": " How many shapes?"}), [str(image)],
+               answer="3", metadata={"n": 3}),
+    ]  # fmt: skip
+
+
+def test_parquet_records(tmp_path, img):
+    pq.write_table(pa.Table.from_pylist(COLUMNAR_ROWS), tmp_path / "d.parquet")
+    data = load_dataset(tmp_path / "d.parquet")
+    assert data.samples == _columnar_samples(tmp_path / img) and data.skipped == []
+
+
+def test_saved_hf_dataset_records(tmp_path):
+    folder = tmp_path / "saved"
+    datasets.Dataset.from_list(COLUMNAR_ROWS).save_to_disk(str(folder))
+    Image.new("RGB", (10, 10)).save(folder / "a.png")
+    data = load_dataset(folder)
+    assert data.samples == _columnar_samples(folder / "a.png") and data.skipped == []
+
+
+def _columnar_table(rows: list[dict]) -> pa.Table:
+    """One column per field any record has, as pandas or ``datasets`` build it: Arrow has no 'absent', so a field
+    a record lacks is null there, and a struct (metadata, message parts) gets every key any record gives it."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    return pa.table({k: [r.get(k) for r in rows] for k in keys})
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "hf"])
+def test_columnar_records_with_different_fields_load_as_from_jsonl(tmp_path, img, fmt):
+    rows = [
+        {"id": "m1", "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q?"}]}],
+         "images": [img], "metadata": {"region": [1, 2, 3, 4]}},
+        {"id": "p1", "prompt": "Count them.", "answer": "3", "metadata": {"kind": "count"}},
+    ]  # fmt: skip
+    folder = tmp_path / "saved" if fmt == "hf" else tmp_path
+    if fmt == "hf":
+        datasets.Dataset(_columnar_table(rows)).save_to_disk(str(folder))
+        (folder / img).write_bytes((tmp_path / img).read_bytes())
+        path = folder
+    else:
+        path = tmp_path / "d.parquet"
+        pq.write_table(_columnar_table(rows), path)
+    as_jsonl = load_dataset(_write(folder, rows)).samples
+    assert as_jsonl[0].metadata == {"region": [1, 2, 3, 4]} and as_jsonl[1].images == []
+    assert load_dataset(path).samples == as_jsonl

@@ -4,6 +4,7 @@ qwen-vl-utils' own smart_resize."""
 import itertools
 
 import pytest
+from qwen_vl_utils import vision_process as vp
 
 from mmrl.processors.geometry import (
     GeometryError,
@@ -70,7 +71,6 @@ def test_coordinate_maps_hand_checked_and_round_trip():
 
 
 def test_agrees_with_qwen_vl_utils():
-    vp = pytest.importorskip("qwen_vl_utils.vision_process", reason="qwen-vl-utils is not installed")
     budgets = [(4 * 784, 16384 * 784), (256 * 784, 1280 * 784), (25088, 151200)]
     sizes = [1, 13, 28, 55, 224, 500, 719, 1080, 1920, 3000, 5000]
     for (lo, hi), h, w in itertools.product(budgets, sizes, sizes):

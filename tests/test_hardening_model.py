@@ -30,7 +30,12 @@ def _samples(d: Path, n: int = 4) -> list[Sample]:
         out.append(
             Sample(
                 f"s{i}",
-                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"Describe {i}."}]}],
+                [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image"}, {"type": "text", "text": f"Describe {i}."}],
+                    }
+                ],
                 [str(p)],
             )
         )
@@ -57,7 +62,9 @@ def test_vision_placeholders_are_never_sampled_and_logprobs_match(policy, sample
     banned = set(policy.suppressed_token_ids)
     assert {3009, 3010, 3012, 3013} <= banned
     assert not any(banned & set(c.token_ids) for c in comps)
-    assert sum(len(c.token_ids) for c in comps) > 32 * 30  # long random responses: the risky regime really ran
+    assert (
+        sum(len(c.token_ids) for c in comps) > 32 * 30
+    )  # long random responses: the risky regime really ran
     with torch.no_grad():
         lp, _, mask = policy.logprobs([p for p in prompts for _ in range(8)], [c.token_ids for c in comps])
     for i, c in enumerate(comps):
@@ -66,7 +73,12 @@ def test_vision_placeholders_are_never_sampled_and_logprobs_match(policy, sample
 
 def test_completion_tokens_are_never_read_as_image_slots(policy, samples):
     p = policy.encode(samples[0])
-    comp = [5, 3012, 7, 3013]  # an image and a video placeholder inside a completion (e.g. from another engine)
+    comp = [
+        5,
+        3012,
+        7,
+        3013,
+    ]  # an image and a video placeholder inside a completion (e.g. from another engine)
     ids, _, mm, P = policy.collate([p], [comp])
     assert ids[0, P:].tolist() == [5, policy.pad_id, 7, policy.pad_id]
     hidden, target, mask = policy.completion_hidden([p], [comp])  # the forward the fix makes possible
@@ -125,7 +137,9 @@ def test_bf16_update_at_lr_1e6_moves_weights_like_fp32(samples):
     moved = a != 0
     assert (torch.sign(a[moved]) == torch.sign(b[moved])).float().mean() > 0.95
     # the defect this replaces: the same update applied to bf16 parameters is lost for most weights
-    w = torch.cat([p.detach().flatten() for p in Policy.from_pretrained(ModelConfig(path=str(TINY))).model.parameters()])
+    w = torch.cat(
+        [p.detach().flatten() for p in Policy.from_pretrained(ModelConfig(path=str(TINY))).model.parameters()]
+    )
     lost = ((w.bfloat16() + a.bfloat16()) == w.bfloat16()).float().mean()
     assert lost > 0.5
 
@@ -222,4 +236,6 @@ def test_checkpoint_generation_config_never_changes_sampling(policy, samples, tm
     torch.manual_seed(7)
     b = HFEngine(other).generate(prompts_b, params)
     assert [[c.token_ids for c in g] for g in a] == [[c.token_ids for c in g] for g in b]
-    assert any(len(set(c.token_ids)) < len(c.token_ids) for g in a for c in g)  # repeats: no n-gram ban leaked
+    assert any(
+        len(set(c.token_ids)) < len(c.token_ids) for g in a for c in g
+    )  # repeats: no n-gram ban leaked

@@ -48,7 +48,8 @@ def test_freeze_vision_leaves_only_language_params_trainable(sample):
     language = {k for k in full if ".visual." not in f".{k}"}
     assert len(language) > 10 and len(full) > len(language)  # both towers got gradients unfrozen
     assert frozen.keys() == language
-    assert all(torch.equal(frozen[k], full[k]) for k in language)  # freezing the tower changes no language grad
+    # freezing the vision tower changes no language-side gradient
+    assert all(torch.equal(frozen[k], full[k]) for k in language)
 
 
 def test_bf16_keeps_fp32_master_weights_and_scores_close_to_fp32(sample):
@@ -62,7 +63,9 @@ def test_bf16_keeps_fp32_master_weights_and_scores_close_to_fp32(sample):
     assert lps[1].dtype == torch.float32  # log-probs are always computed in fp32
     assert 0 < (lps[0] - lps[1]).abs().max() < 0.1  # bf16 compute really ran, and stays close
     frozen = Policy.from_pretrained(ModelConfig(max_pixels=3136, dtype="bfloat16"), trainable=False)
-    assert frozen.model.dtype == torch.bfloat16 and not any(p.requires_grad for p in frozen.model.parameters())
+    assert frozen.model.dtype == torch.bfloat16 and not any(
+        p.requires_grad for p in frozen.model.parameters()
+    )
 
 
 def test_metrics_logger_writes_tensorboard_and_appends(tmp_path):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from media_errors import expect_media_error
 from PIL import Image
+from qwen_vl_utils import vision_process as vp
 
 from mmrl.processors.errors import MediaError
 from mmrl.processors.image import ImageGeometry, load_image, prepare_image, to_rgb
@@ -272,7 +273,6 @@ def test_unchanged_size_is_returned_as_is():
 
 
 def test_resize_matches_qwen_vl_utils_fetch_image():
-    vp = pytest.importorskip("qwen_vl_utils.vision_process", reason="qwen-vl-utils is not installed")
     img = _noise(333, 200, seed=5)
     budget = {"min_pixels": 4 * 28 * 28, "max_pixels": 64 * 28 * 28}
     ours, geo = prepare_image(img, **budget, record_id=RID)

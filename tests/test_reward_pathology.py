@@ -3,11 +3,13 @@ from pathlib import Path
 import pytest
 
 from mmrl.processors.geometry import smart_resize
+from mmrl.processors.image import load_image, prepare_image
 from mmrl.rewards.pathology import as_polygon, mask_iou, pathology, question_type, split_answer
 from mmrl.types import RewardInput
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parent / "data"
 IHC = DATA / "pathology_smoke" / "ihc.png"
+SLIDE = DATA / "pathology_smoke" / "cmu_small_region.svs"
 
 
 def _x(
@@ -72,8 +74,6 @@ def test_region_box_in_model_pixels_on_the_ihc_image():
     """ihc.png is 512x512; the model saw it at 504x504. The predicted box [63, 63, 252, 252] maps to
     [64, 64, 256, 256]; the annotated region is [128, 128, 320, 320]. Rasterised, each box covers 193 x 193 pixels
     (edges included) and they share 129 x 129: IoU = 129^2 / (2 * 193^2 - 129^2)."""
-    if not IHC.exists():
-        pytest.skip(f"shared reference data absent: {IHC}")
     h, w = smart_resize(512, 512)
     assert (w, h) == (504, 504)
     meta = {"region": [128, 128, 320, 320], "image_sizes": [[512, 512]], "model_image_sizes": [[w, h]]}
@@ -85,13 +85,27 @@ def test_region_box_in_model_pixels_on_the_ihc_image():
 def test_region_is_clipped_to_the_real_image_grid():
     """Without metadata sizes the grid comes from the image file: a box running past the 512x512 image is clipped,
     so it matches a region that ends at the border; without any image it would not (112^2 / 301^2)."""
-    if not IHC.exists():
-        pytest.skip(f"shared reference data absent: {IHC}")
     answer = '{"answer": "yes", "box": [400, 400, 700, 700]}'
     on_image = _x(answer, "yes", images=[str(IHC)], region=[400, 400, 511, 511])
     no_image = _x(answer, "yes", region=[400, 400, 511, 511])
     assert _score(on_image)[1]["region"] == 1.0
     assert _score(no_image)[1]["region"] == pytest.approx(112**2 / 301**2)
+
+
+def test_whole_slide_region_loads_at_base_level_and_clips_the_region():
+    """An Aperio SVS (a tiled TIFF whose first page is the base level, then thumbnail, label and macro images)
+    loads at its base level, 2220 x 2967, through the same loader as any image; the model sees it at 2212 x 2968
+    (79 x 106 patches of 28). A box past the slide's bottom-right corner is clipped to the base level read from the
+    file: [2100, 2900] to [2219, 2966] is the same 120 x 67 pixels as the annotated region; unclipped it covers
+    301 x 201."""
+    img = load_image(SLIDE, record_id="slide-1")
+    assert (img.mode, img.size) == ("RGB", (2220, 2967))
+    assert prepare_image(img, record_id="slide-1")[1].model_size == (2212, 2968)
+    answer = "Yes <box>[2100, 2900, 2400, 3100]</box>"
+    on_slide = _x(answer, "yes", images=[str(SLIDE)], region=[2100, 2900, 2219, 2966])
+    no_image = _x(answer, "yes", region=[2100, 2900, 2219, 2966])
+    assert _score(on_slide)[1]["region"] == 1.0
+    assert _score(no_image)[1]["region"] == pytest.approx(120 * 67 / (301 * 201))
 
 
 def test_polygon_marks_and_missing_or_malformed_marks():

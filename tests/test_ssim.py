@@ -11,20 +11,14 @@ from PIL import Image
 
 from mmrl.rewards.ssim import CwSsimReference, cw_ssim, haar_ssim, pyssim_cw_ssim, steerable_pyramid
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parent / "data"
 PYSSIM = DATA / "pyssim" / "test-images"
 TABLE = DATA / "pubtabnet" / "mini_val" / "PMC5755158_010_01.png"
 
 
-def _need(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip(f"shared reference data not found: {path}")
-    return path
-
-
 def _table() -> np.ndarray:
     """A real table image (PubTabNet), grayscale in [0, 1]."""
-    return np.asarray(Image.open(_need(TABLE)).convert("L"), dtype=np.float64) / 255.0
+    return np.asarray(Image.open(TABLE).convert("L"), dtype=np.float64) / 255.0
 
 
 def _shift(x: np.ndarray, pixels: int) -> np.ndarray:
@@ -40,7 +34,7 @@ def test_identical_images_score_one() -> None:
     # their covariance uses ddof=1 and the variances ddof=0, so identity scores n/(n-1) per subband at most
     n = (img.shape[0] // 2) * (img.shape[1] // 2)
     assert 1.0 <= haar_ssim(img, img) <= n / (n - 1)
-    pil = Image.open(_need(PYSSIM / "test3-orig.jpg")).resize((64, 64), Image.LANCZOS)
+    pil = Image.open(PYSSIM / "test3-orig.jpg").resize((64, 64), Image.LANCZOS)
     assert pyssim_cw_ssim(pil, pil) == pytest.approx(1.0, abs=1e-12)
 
 
@@ -48,7 +42,7 @@ def test_identical_images_score_one() -> None:
     ("name", "expected"), [("test3-rot.jpg", 0.8724), ("test3-lig.jpg", 0.9668), ("test3-cro.jpg", 0.7171)]
 )
 def test_pyssim_published_numbers(name: str, expected: float) -> None:
-    load = lambda n: Image.open(_need(PYSSIM / n)).resize((256, 256), Image.LANCZOS)  # noqa: E731
+    load = lambda n: Image.open(PYSSIM / n).resize((256, 256), Image.LANCZOS)  # noqa: E731
     assert round(pyssim_cw_ssim(load("test3-orig.jpg"), load(name)), 4) == expected
 
 
@@ -83,12 +77,23 @@ def test_shape_mismatch_is_an_error() -> None:
         cw_ssim(np.zeros((6, 6)), np.zeros((6, 6)))
 
 
-def test_steerable_pyramid_is_a_tight_frame_per_orientation_pair() -> None:
-    """Opposite one-sided angular masks add up to the real pyramid: every level halves the band size."""
-    img = np.random.default_rng(1).random((64, 48))
-    bands = steerable_pyramid(img, levels=3, orientations=4)
-    assert [b.shape for b in bands[::4]] == [(64, 48), (32, 24), (16, 12)]
-    assert all(np.iscomplexobj(b) and np.abs(b.imag).max() > 0 for b in bands)
+@pytest.mark.parametrize(
+    ("direction", "best"), [((1, 0), 0), ((1, 1), 1), ((0, 1), 2), ((1, -1), 3)], ids=["0", "45", "90", "135"]
+)
+def test_steerable_pyramid_bands_are_oriented_and_analytic(direction: tuple[int, int], best: int) -> None:
+    """A cosine grating whose frequency points at angle k * 45 degrees puts its energy in orientation k (none in the
+    orthogonal one), and because the angular masks are one-sided the band is an analytic signal: a complex
+    exponential whose magnitude is flat, where a real (two-sided) pyramid would ripple at twice the frequency."""
+    yy, xx = np.mgrid[:64, :64]
+    grating = np.cos(2 * np.pi * 8 * (direction[0] * xx + direction[1] * yy) / 64)
+    bands = steerable_pyramid(grating, levels=3, orientations=4)
+    assert [b.shape for b in bands[::4]] == [(64, 64), (32, 32), (16, 16)]
+    energy = np.array([np.square(np.abs(b)).sum() for b in bands]).reshape(3, 4)  # [level, orientation]
+    level = int(energy.max(axis=1).argmax())
+    assert int(energy[level].argmax()) == best
+    assert energy[level, (best + 2) % 4] < 1e-6 * energy[level, best]
+    magnitude = np.abs(bands[4 * level + best])[4:-4, 4:-4]
+    assert magnitude.std() < 1e-4 * magnitude.mean()
 
 
 def _direct_cw_ssim(

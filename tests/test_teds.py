@@ -7,15 +7,17 @@ import random
 from pathlib import Path
 
 import pytest
+from apted import APTED
+from lxml import html
+from table_recognition_metric import TEDS
+from table_recognition_metric.utils import CustomConfig
 
 from mmrl.rewards.teds import teds
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "pubtabnet"
+DATA = Path(__file__).resolve().parent / "data" / "pubtabnet"
 
 
 def _pubtabnet() -> tuple[dict, dict, dict]:
-    if not (DATA / "expected_teds.json").is_file():
-        pytest.skip(f"PubTabNet reference sample not found at {DATA} (shared data folder absent)")
     load = lambda name: json.loads((DATA / name).read_text(encoding="utf-8"))  # noqa: E731
     return load("sample_pred.json"), load("sample_gt.json"), load("expected_teds.json")
 
@@ -146,12 +148,7 @@ def _render(table: dict[str, list[list[Cell]]]) -> str:
 
 def _apted_teds(pred: str, true: str, structure_only: bool) -> float:
     """IBM's metric: peer's tree building and rename config, apted distance, IBM's ``.//*`` normaliser."""
-    trm = pytest.importorskip("table_recognition_metric.main")
-    from apted import APTED
-    from lxml import html
-    from table_recognition_metric.utils import CustomConfig
-
-    metric = trm.TEDS(structure_only=structure_only)
+    metric = TEDS(structure_only=structure_only)
     parser = html.HTMLParser(remove_comments=True, encoding="utf-8")
     tables = [html.fromstring(s, parser=parser).xpath("body/table")[0] for s in (pred, true)]
     trees = [metric.load_html_tree(t) for t in tables]

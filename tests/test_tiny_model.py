@@ -89,8 +89,8 @@ def test_forward_logits_and_generate(processor, model):
     first = model.generate(**inputs, max_new_tokens=5, do_sample=False)
     again = model.generate(**inputs, max_new_tokens=5, do_sample=False)
     assert length < first.shape[1] <= length + 5
-    assert torch.equal(first, again)
-    assert isinstance(processor.batch_decode(first[:, length:])[0], str)
+    assert torch.equal(first, again) and torch.equal(first[:, :length], inputs["input_ids"])
+    assert first[0, length] == logits[0, -1].argmax()  # greedy: the first new token is the forward's argmax
 
 
 @pytest.mark.parametrize("as_array", [False, True], ids=["pil_frames", "numpy_array"])
@@ -160,8 +160,6 @@ def test_build_is_deterministic_and_seeded(tiny_dir, tmp_path):
 
 
 def test_shipped_copy_is_current(tiny_dir):
-    if not SHIPPED.is_dir():
-        pytest.skip(f"{SHIPPED} not built; run `mmrl build-tiny` from the repository root")
     shipped, fresh = _file_hashes(SHIPPED), _file_hashes(tiny_dir)
     for name in ("model.safetensors", "tokenizer.json", "chat_template.jinja"):
         assert shipped[name] == fresh[name], (

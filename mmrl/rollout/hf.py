@@ -49,7 +49,11 @@ class _LogprobRecorder:
         if self.prev is not None and len(self.logps) < sequences.shape[1]:
             self._take(sequences[:, len(self.logps)])
         self.prev = self.prev_lse = None
-        return torch.stack(self.logps, dim=1) if self.logps else sequences.new_zeros(sequences.shape, dtype=torch.float)
+        return (
+            torch.stack(self.logps, dim=1)
+            if self.logps
+            else sequences.new_zeros(sequences.shape, dtype=torch.float)
+        )
 
 
 def _warn_truncated_sampling(params: SamplingParams) -> None:
@@ -113,12 +117,14 @@ class HFEngine:
         pol = self.policy
         ids, attn, mm, P = pol.collate(prompts)
         chain, recorder = self._processors(params)
+        sampling = params.temperature > 0
+        # when sampling, temperature/top-k/top-p are applied by the chain, after the recorder; transformers would
+        # otherwise add its own (top_k defaults to 50). Greedy decoding adds no warpers at all.
+        warpers = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if sampling else {}
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
-            do_sample=params.temperature > 0,
-            temperature=1.0,  # applied by the chain, after the recorder
-            top_k=0,
-            top_p=1.0,
+            do_sample=sampling,
+            **warpers,
             eos_token_id=pol.eos_ids,
             pad_token_id=pol.pad_id,
             bos_token_id=pol.model.generation_config.bos_token_id,
