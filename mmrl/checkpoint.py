@@ -63,6 +63,7 @@ def save_checkpoint(
     scheduler: Any,
     state: dict[str, Any],
     keep: int = 0,
+    rank_rng: list[dict[str, Any]] | None = None,
 ) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
@@ -74,6 +75,8 @@ def save_checkpoint(
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
+    for r, rng in enumerate(rank_rng or [], start=1):  # other processes' generators (multi-process training)
+        torch.save(rng, tmp / f"rng-{r}.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
     _fsync_tree(tmp)
     previous = root / f"step-{step}.old"
@@ -111,8 +114,11 @@ def latest_checkpoint(root: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def load_training_state(path: Path, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+def load_training_state(path: Path, optimizer: Any, scheduler: Any, rank: int = 0) -> dict[str, Any]:
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-    set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+    rng = path / ("rng.pt" if rank == 0 else f"rng-{rank}.pt")
+    if not rng.exists():
+        raise FileNotFoundError(f"{rng} is missing: the checkpoint was written by fewer processes than are resuming")
+    set_rng_state(torch.load(rng, weights_only=False))
     return json.loads((path / "state.json").read_text())

@@ -17,6 +17,7 @@ def check_rewards(cfg: Config) -> None:
 
     if not cfg.rewards:
         raise ConfigError("no rewards configured: list at least one under `rewards:` (see `mmrl list`)")
+    heavy = []
     for i, entry in enumerate(cfg.rewards):
         where = f"rewards[{i}] ({entry.name!r})"
         try:
@@ -24,6 +25,17 @@ def check_rewards(cfg: Config) -> None:
             validate_options(spec, entry.options)
         except (KeyError, ValueError, TypeError, FileNotFoundError, ImportError) as e:
             raise ConfigError(f"{where}: {e.args[0] if e.args else e}") from None
+        if spec.heavy:
+            heavy.append(where)
+    if (
+        heavy
+    ):  # rendering rewards need the sandbox's confinement (or the explicit opt-in): refuse now, not per item
+        from mmrl.rewards.sandbox import SandboxUnavailableError, confinement
+
+        try:
+            confinement()
+        except SandboxUnavailableError as e:
+            raise ConfigError(f"{heavy[0]}: {e}") from None
 
 
 def check_components(cfg: Config) -> None:
@@ -49,7 +61,12 @@ def check_components(cfg: Config) -> None:
         except KeyError as e:
             raise ConfigError(f"{field}: {e.args[0]}") from None
 
-    lookup(ENGINES, cfg.rollout.engine, "rollout.engine")
+    engine = lookup(ENGINES, cfg.rollout.engine, "rollout.engine")
+    if hasattr(engine, "check"):  # an engine whose package may be missing (vllm) says so before a model loads
+        try:
+            engine.check()
+        except ImportError as e:
+            raise ConfigError(f"rollout.engine {cfg.rollout.engine!r}: {e}") from None
     sampler = lookup(SAMPLERS, cfg.sampler.name, "sampler.name")
     est = lookup(ADVANTAGES, a.advantage, "algo.advantage")
     loss = lookup(LOSSES, a.loss, "algo.loss")

@@ -34,6 +34,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"{e}: nothing to do")
         return 0
     trainer.fit()
+    if not trainer.dist.is_main:
+        return 0
     summary = write_report(args.output_dir)
     if "start_accuracy" in summary:
         print(

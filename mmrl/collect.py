@@ -6,6 +6,10 @@ fresh prompts each time) until ``train.prompts_per_step`` informative groups are
 ``algo.max_sampling_tries`` rounds, after which the step fails with the informative fraction seen, so a run whose
 prompts are all too easy or too hard stops with a reason instead of spinning. Surplus informative groups of the last
 round are left out. The sampler hears about every group that was generated (VADE learns from dropped groups too).
+
+With several processes (:mod:`mmrl.distributed`) each rank generates and rewards its share of a round's groups, and
+the outcomes (completions, rewards, reward results) are gathered: every rank then holds the whole batch and decides
+the same, while ``prompts`` are encoded only for the rank's own share (``None`` elsewhere).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 import torch
 
 from mmrl.config import Config
+from mmrl.distributed import Dist
 from mmrl.policy import EncodedPrompt, Policy
 from mmrl.prompt_cache import PromptCache
 from mmrl.rewards.compose import CompositeReward
@@ -55,7 +60,7 @@ def reward_inputs(
 class Collected:
     indices: list[int]  # [B] dataset indices
     samples: list[Sample]
-    prompts: list[EncodedPrompt]
+    prompts: list[EncodedPrompt | None]  # this rank's share encoded, None elsewhere
     groups: list[list[Completion]]  # [B][G]
     rewards: torch.Tensor  # [B, G]
     results: list[Any]  # [B*G] reward results (parts, errors)
@@ -72,9 +77,10 @@ class Collector:
         sampler: Any,
         reward: CompositeReward,
         stage: Callable[[str], AbstractContextManager],
+        dist: Dist,
     ):
         self.cfg, self.data, self.policy, self.engine = cfg, data, policy, engine
-        self.sampler, self.reward, self.stage = sampler, reward, stage
+        self.sampler, self.reward, self.stage, self.dist = sampler, reward, stage, dist
         self.cache = PromptCache(cfg.train.prompt_cache_mb * 2**20)
         self.errors: list[dict[str, Any]] = []  # reward failures of the current step
 
@@ -95,19 +101,27 @@ class Collector:
             for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])
         ]
         results = self.reward(inputs)
-        self.errors += [e for r in results for e in r.errors]
         return torch.tensor([r.score for r in results], dtype=torch.float32).view(len(samples), -1), results
 
     def one_round(self, k: int) -> Collected:
+        mine = self.dist.share(k)
         with self.stage("sample"):
-            idx = self.sampler.select(k)
+            idx = self.sampler.select(k)  # global: every rank picks the same
             samples = [self.data[i] for i in idx]
         with self.stage("encode"):
-            prompts = [self.encode(s) for s in samples]
+            prompts: list[EncodedPrompt | None] = [
+                self.encode(s) if b in mine else None for b, s in enumerate(samples)
+            ]
+        local = [prompts[b] for b in mine]
         with self.stage("rollout"):
-            groups = self.engine.generate(prompts, self.sampling_params())
+            groups_local = self.engine.generate(local, self.sampling_params())
         with self.stage("reward"):
-            rewards, results = self.score(samples, prompts, groups)
+            rewards_local, results_local = self.score([samples[b] for b in mine], local, groups_local)
+            parts = self.dist.gather((groups_local, rewards_local, results_local))
+        groups = [g for part in parts for g in part[0]]
+        rewards = torch.cat([part[1] for part in parts])  # [k, G]
+        results = [r for part in parts for r in part[2]]
+        self.errors += [e for r in results for e in r.errors]
         self.sampler.update(idx, rewards)
         return Collected(idx, samples, prompts, groups, rewards, results)
 

@@ -64,8 +64,8 @@ class ModelConfig:
         "low-rank adapters (peft); the reference model is the base with adapters disabled", factory=LoraConfig
     )
     logits_chunk_tokens: int = opt(
-        "tokens whose full-vocabulary logits exist at once when scoring log-probs (memory: chunk x vocab x 4 B)",
-        1024,
+        "tokens whose full-vocabulary logits exist at once when scoring log-probs (memory: ~3 x chunk x vocab x 4 B)",
+        512,
     )
 
 
@@ -87,7 +87,10 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = opt("rollout engine name (registered): 'hf'", "hf")
+    engine: str = opt("rollout engine (registered): 'hf' (transformers generate) or 'vllm'", "hf")
+    engine_options: dict[str, Any] = opt(
+        "the engine's own options, e.g. vllm: {gpu_memory_utilization: 0.5, sleep_mode: true}", factory=dict
+    )
     n: int = opt("responses per prompt (the group size G)", 8)
     temperature: float = opt("sampling temperature; log-probs are of logits / temperature", 1.0)
     top_p: float = opt("nucleus sampling threshold", 1.0)

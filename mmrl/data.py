@@ -231,10 +231,11 @@ def load_dataset(
     return LoadedData(samples=samples, skipped=skipped)
 
 
-def load_split(cfg: DataConfig, path: str, skipped_to: Path) -> list[Sample]:
-    """Load one split with the run's data settings, listing skipped records in ``skipped_to``."""
+def load_split(cfg: DataConfig, path: str, skipped_to: Path | None) -> list[Sample]:
+    """Load one split with the run's data settings, listing skipped records in ``skipped_to`` (when given)."""
     data = load_dataset(
         path, on_bad_record=cfg.on_bad_record, system_prompt=cfg.system_prompt, check_media=cfg.check_media
     )
-    data.write_skipped(skipped_to)
+    if skipped_to is not None:
+        data.write_skipped(skipped_to)
     return data.samples

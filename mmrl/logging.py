@@ -9,17 +9,22 @@ from typing import Any
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: Path, tensorboard: bool = False, purge_step: int | None = None):
+    def __init__(
+        self, output_dir: Path, tensorboard: bool = False, purge_step: int | None = None, enabled: bool = True
+    ):
+        self.enabled = enabled  # only rank 0 writes in multi-process training
         self.path = output_dir / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tb = None
-        if tensorboard:
+        if tensorboard and enabled:
             from torch.utils.tensorboard import SummaryWriter
 
             # on resume, events from steps >= purge_step (logged after the checkpoint by the crashed run) are dropped
             self.tb = SummaryWriter(str(output_dir / "tensorboard"), purge_step=purge_step)
 
     def log(self, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         clean = {
             k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()
         }

@@ -33,16 +33,22 @@ def _chunk_logp_entropy(
     with_entropy: bool,
     entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = head(hidden).float() / temperature  # [n, V]
+    logits = head(hidden).float()  # [n, V]: the one chunk-sized buffer autograd keeps until the chunk ends
+    if temperature != 1.0:
+        logits = logits / temperature
     if suppress is not None:
         logits = logits.masked_fill(suppress, float("-inf"))
     lse = torch.logsumexp(logits, dim=-1)  # [n]
     logp = logits.gather(-1, target[:, None]).squeeze(-1) - lse
     if not with_entropy:
         return logp, logp.new_zeros(()).expand_as(logp)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+    grad = entropy_grad and torch.is_grad_enabled()
+    with torch.set_grad_enabled(grad):
         p = torch.softmax(logits, dim=-1)
-        ent = lse - (p * logits.masked_fill(p == 0, 0.0)).sum(-1)  # [n]; 0 * -inf counts as 0
+        if grad and suppress is not None:  # the gradient of 0 * -inf is nan even where nansum drops the value
+            ent = lse - (p * logits.masked_fill(suppress, 0.0)).sum(-1)
+        else:
+            ent = lse - (p * logits).nansum(-1)  # [n]; a suppressed token's 0 * -inf (nan) counts as 0
     return logp, ent
 
 

@@ -260,13 +260,16 @@ class Policy:
             kwargs["images"] = images
             kwargs["images_kwargs"] = {"do_resize": False}
         if videos:
-            if len(set(video_meta)) > 1:  # transformers takes one fps per processor call
-                raise ValueError(
-                    f"sample '{sample.id}': its videos were sampled at different rates {video_meta}; "
-                    "re-encode them at one frame rate"
-                )
             kwargs["videos"] = videos
-            kwargs["videos_kwargs"] = {"do_resize": False, "do_sample_frames": False, "fps": video_meta[0]}
+            # each video carries its own rate: transformers otherwise assumes 24 fps for second_per_grid_ts
+            kwargs["videos_kwargs"] = {
+                "do_resize": False,
+                "do_sample_frames": False,
+                "video_metadata": [
+                    {"fps": fps, "total_num_frames": len(v), "frames_indices": list(range(len(v)))}
+                    for v, fps in zip(videos, video_meta)
+                ],
+            }
         out = self.processor(**kwargs)
         L = out["input_ids"].shape[1]
         rest = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}

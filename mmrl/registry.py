@@ -47,12 +47,16 @@ def validate_kwargs(fn: Callable, options: dict, what: str, *, skip: tuple[str, 
     import inspect
 
     target = fn.__init__ if inspect.isclass(fn) else fn
+    signature = inspect.signature(target).parameters
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in signature.values())  # **options: passed on, not checked here
     params = {
         n: p
-        for n, p in inspect.signature(target).parameters.items()
+        for n, p in signature.items()
         if n not in ("self", *skip) and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     }
     for key, value in options.items():
+        if key not in params and open_ended:
+            continue
         if key not in params:
             near = difflib.get_close_matches(key, list(params), n=1)
             hint = f"; did you mean {near[0]!r}?" if near else ""

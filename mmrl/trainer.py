@@ -31,11 +31,12 @@ from mmrl.algos import (
     groups_with_signal,
     kl_penalised_rewards,
 )
-from mmrl.checkpoint import load_training_state, save_checkpoint
+from mmrl.checkpoint import load_training_state, rng_state, save_checkpoint
 from mmrl.checks import check_config
 from mmrl.collect import Collected, Collector, reward_inputs
 from mmrl.config import Config, to_dict
 from mmrl.data import ensure_built, load_split
+from mmrl.distributed import Dist
 from mmrl.logging import MetricsLogger
 from mmrl.policy import Policy
 from mmrl.rewards.compose import CompositeReward, RewardConfig
@@ -72,10 +73,15 @@ class Trainer:
     def __init__(self, cfg: Config, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False):
         self.cfg, self.out = cfg, Path(output_dir)
         check_config(cfg)  # before anything heavy is built
-        ckpt = rundir.prepare(self.out, resume=resume, overwrite=overwrite, max_steps=cfg.train.max_steps)
-        seed_everything(cfg.train.seed)
-        ensure_built(cfg.data.train, cfg.data.builder)
-        skipped = self.out / "skipped.jsonl"
+        self.dist = dist = Dist()
+        if dist.world > 1 and cfg.model.device == "auto":
+            cfg.model.device = str(dist.device)
+        ckpt = self._prepare_run_dir(resume, overwrite)
+        seed_everything(cfg.train.seed + 1000 * dist.rank)  # generation differs per process; choices do not
+        if dist.is_main:
+            ensure_built(cfg.data.train, cfg.data.builder)
+        dist.barrier()
+        skipped = self.out / "skipped.jsonl" if dist.is_main else None
         self.train_data = load_split(cfg.data, cfg.data.train, skipped)
         self.eval_data: list[Sample] = []
         if cfg.data.eval:
@@ -85,7 +91,9 @@ class Trainer:
         # the reference: a frozen copy, or with LoRA the policy itself with adapters disabled (Policy.reference)
         separate_ref = a.kl_coef > 0 and cfg.model.lora.r == 0
         self.ref = Policy.from_pretrained(cfg.model, trainable=False) if separate_ref else None
-        self.engine = ENGINES.get(cfg.rollout.engine)(self.policy, batch_size=cfg.rollout.batch_size)
+        self.engine = ENGINES.get(cfg.rollout.engine)(
+            self.policy, batch_size=cfg.rollout.batch_size, **cfg.rollout.engine_options
+        )
         self.sampler = SAMPLERS.get(cfg.sampler.name)(
             len(self.train_data), seed=cfg.train.seed, **cfg.sampler.options
         )
@@ -103,21 +111,36 @@ class Trainer:
             params, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
         )
         self.sched = build_scheduler(self.opt, cfg)
-        self.updater = PolicyUpdate(cfg, self.policy, self.opt, self.sched, self._train_temperature())
+        self.updater = PolicyUpdate(cfg, self.policy, self.opt, self.sched, self._train_temperature(), dist)
         self.step, self.timings, self.last_kl = 0, {}, None
         self.collector = Collector(
-            cfg, self.train_data, self.policy, self.engine, self.sampler, self.reward, self.stage
+            cfg, self.train_data, self.policy, self.engine, self.sampler, self.reward, self.stage, dist
         )
         self._reward_counts: dict[str, int] = {}
-        (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+        if dist.is_main:
+            (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         if ckpt is not None:
-            state = load_training_state(ckpt, self.opt, self.sched)
+            state = load_training_state(ckpt, self.opt, self.sched, rank=dist.rank)
             self.sampler.load_state_dict(state["sampler"])
             self.estimator.load_state_dict(state.get("advantage", {}))
             self.step, self.last_kl = int(state["step"]), state.get("last_kl")
         self.logger = MetricsLogger(
-            self.out, tensorboard=cfg.train.tensorboard, purge_step=self.step + 1 if ckpt else None
+            self.out,
+            tensorboard=cfg.train.tensorboard,
+            purge_step=self.step + 1 if ckpt else None,
+            enabled=dist.is_main,
         )
+
+    def _prepare_run_dir(self, resume: bool, overwrite: bool) -> Path | None:
+        """Rank 0 prepares the directory (refuse / overwrite / trim for resume); the others then read it."""
+        max_steps = self.cfg.train.max_steps
+        ckpt = None
+        if self.dist.is_main:
+            ckpt = rundir.prepare(self.out, resume=resume, overwrite=overwrite, max_steps=max_steps)
+        self.dist.barrier()
+        if not self.dist.is_main and resume:
+            ckpt = rundir.resume_point(self.out, max_steps)
+        return ckpt
 
     # ------------------------------------------------------------------ loop
     def fit(self) -> dict[str, Any]:
@@ -135,7 +158,7 @@ class Trainer:
                 with self.stage("advantages"):
                     adv_stats = self.advantages(got, batch)
                 with self.stage("update"), self.policy.training():
-                    update_stats = self.updater(batch)
+                    update_stats = self.updater(batch, self.step)
                 with self.stage("sync_weights"):
                     self.engine.sync_weights()
                 self.step += 1
@@ -166,20 +189,22 @@ class Trainer:
     def start(self) -> None:
         """Before the first step: the held-out score of the initial policy, and the estimator's initialisation pass
         (MSSR: one response of the initial policy per training prompt)."""
-        if self.eval_data:
+        if self.eval_data and self.dist.is_main:
             self.logger.log({"step": 0, **self.evaluate()})
         if not self.estimator.needs_init:
             return
-        c, bs = self.collector, self.cfg.rollout.batch_size
+        c, bs, d = self.collector, self.cfg.rollout.batch_size, self.dist
         params = c.sampling_params()
         params = type(params)(1, params.temperature, params.top_p, params.top_k, params.max_new_tokens)
+        mine = list(range(d.rank, len(self.train_data), d.world))
         rewards = []
-        for s in range(0, len(self.train_data), bs):
-            samples = self.train_data[s : s + bs]
+        for s in range(0, len(mine), bs):
+            samples = [self.train_data[i] for i in mine[s : s + bs]]
             prompts = [c.encode(x) for x in samples]
             rewards.append(c.score(samples, prompts, self.engine.generate(prompts, params))[0].reshape(-1))
-        init = torch.cat(rewards)
-        self.estimator.initialise(list(range(len(self.train_data))), init)
+        parts = d.gather((mine, torch.cat(rewards) if rewards else torch.zeros(0)))
+        indices, init = [i for p in parts for i in p[0]], torch.cat([p[1] for p in parts])
+        self.estimator.initialise(indices, init)
         self.logger.log({"step": 0, "init/reward_mean": init.mean().item(), "init/prompts": len(init)})
 
     def _train_temperature(self) -> float:
@@ -192,7 +217,9 @@ class Trainer:
         for i, c in enumerate(comps):
             old[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
         flat_prompts = [p for p, g in zip(got.prompts, got.groups) for _ in g]
-        batch = RolloutBatch(flat_prompts, [c.token_ids for c in comps], got.rewards.shape[1], old)
+        G = got.rewards.shape[1]
+        rows = [b * G + j for b in self.dist.share(len(got.groups)) for j in range(G)]
+        batch = RolloutBatch(flat_prompts, [c.token_ids for c in comps], G, old, rows=rows)
         if self.cfg.algo.old_logprobs == "recompute" or self.estimator.needs_entropy:
             logp, ent = self.forward_no_grad(self.policy, batch, with_entropy=self.estimator.needs_entropy)
             if self.cfg.algo.old_logprobs == "recompute":
@@ -204,21 +231,26 @@ class Trainer:
     def forward_no_grad(
         self, policy: Policy, batch: RolloutBatch, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logp, ent = (
-            torch.zeros_like(batch.old_logp),
-            torch.zeros_like(batch.old_logp) if with_entropy else None,
-        )
-        mb = self.cfg.optim.micro_batch_size
-        for i in range(0, len(batch.prompts), mb):
+        """Log-probs (and entropies) of this process's rows, gathered so every process holds the whole batch's."""
+        logp = torch.zeros_like(batch.old_logp)
+        ent = torch.zeros_like(batch.old_logp) if with_entropy else None
+        mb, rows = self.cfg.optim.micro_batch_size, batch.local_rows
+        for i in range(0, len(rows), mb):
+            part = rows[i : i + mb]
             lp, e, _ = policy.logprobs(
-                batch.prompts[i : i + mb],
-                batch.completions[i : i + mb],
+                [batch.prompts[j] for j in part],
+                [batch.completions[j] for j in part],
                 temperature=self._train_temperature(),
                 with_entropy=with_entropy,
             )
-            logp[i : i + mb, : lp.shape[1]] = lp.float().cpu()
+            logp[part, : lp.shape[1]] = lp.float().cpu()
             if ent is not None:
-                ent[i : i + mb, : e.shape[1]] = e.float().cpu()
+                ent[part, : e.shape[1]] = e.float().cpu()
+        if self.dist.world > 1:
+            for r, lp, e in self.dist.gather((rows, logp[rows], None if ent is None else ent[rows])):
+                logp[r] = lp
+                if ent is not None:
+                    ent[r] = e
         return logp, ent
 
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
@@ -255,7 +287,7 @@ class Trainer:
             k: pool[k] for k in ("cache_hits", "cache_misses", "timeouts", "pool_restarts")
         }
         stats |= {f"sys/reward_{k}": v - prev.get(k, 0) for k, v in self._reward_counts.items()}
-        if errors:
+        if errors and self.dist.is_main:
             with (self.out / "reward_errors.jsonl").open("a") as f:
                 for e in errors:
                     f.write(json.dumps({"step": self.step, **e}) + "\n")
@@ -282,7 +314,7 @@ class Trainer:
 
     def maybe_evaluate(self) -> dict[str, float]:
         cfg = self.cfg
-        if not self.eval_data:
+        if not self.eval_data or not self.dist.is_main:  # rank 0 evaluates; the others go on to the next step
             return {}
         if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.train.max_steps:
             with self.stage("eval"):
@@ -316,6 +348,8 @@ class Trainer:
 
     def _write_rollouts(self, got: Collected, keep: int = 2) -> None:
         """Append the first ``keep`` groups of the step, each response with its reward and reward parts."""
+        if not self.dist.is_main:
+            return
         G = len(got.groups[0])
         with (self.out / "rollouts.jsonl").open("a") as f:
             for b, (s, g) in enumerate(list(zip(got.samples, got.groups))[:keep]):
@@ -332,13 +366,18 @@ class Trainer:
                 f.write(json.dumps(row) + "\n")
 
     def save(self) -> Path:
+        rngs = self.dist.gather(rng_state())  # every process's generators, written by rank 0
+        final = self.out / "checkpoints" / f"step-{self.step}"
+        if not self.dist.is_main:
+            self.dist.barrier()
+            return final
         state = {
             "sampler": self.sampler.state_dict(),
             "advantage": self.estimator.state_dict(),
             "last_kl": self.last_kl,
             "config": to_dict(self.cfg),
         }
-        return save_checkpoint(
+        save_checkpoint(
             self.out / "checkpoints",
             self.step,
             policy=self.policy,
@@ -346,11 +385,14 @@ class Trainer:
             scheduler=self.sched,
             state=state,
             keep=self.cfg.train.keep_checkpoints,
+            rank_rng=rngs[1:],
         )
+        self.dist.barrier()
+        return final
 
     @contextmanager
     def _progress(self):
-        if not self.cfg.train.progress:
+        if not self.cfg.train.progress or not self.dist.is_main:
             yield lambda m: None
             return
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn

@@ -10,6 +10,10 @@ Every method is looked up by name and called through one shape, so nothing here 
 - the KL to the reference (``KL_ESTIMATORS[algo.kl_estimator]``) is a loss term when ``algo.kl_in: loss`` (as a
   reward penalty it is applied before the advantages, in the trainer);
 - an entropy bonus subtracts ``algo.entropy_coef`` x the aggregated token entropy (with its gradient).
+
+Mini-batches are drawn from the batch's global rows with a generator seeded by (seed, step), so every process of a
+multi-process run draws the same ones; each process back-propagates the rows it owns (``batch.rows``) over the
+global mini-batch's units, and gradients are summed across processes before clipping (:mod:`mmrl.distributed`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 
 from mmrl.algos import AGGREGATIONS, KL_ESTIMATORS, LOSSES, reduce_stats
 from mmrl.config import Config
+from mmrl.distributed import Dist
 from mmrl.policy import EncodedPrompt, Policy
 
 CLIP_FIELDS = ("clip_low", "clip_high", "dual_clip")
@@ -33,13 +38,18 @@ CLIP_FIELDS = ("clip_low", "clip_high", "dual_clip")
 class RolloutBatch:
     """One step's rollouts, rows prompt-major (the G responses of prompt b are rows b*G .. b*G+G-1)."""
 
-    prompts: list[EncodedPrompt]  # [N] (each prompt repeated G times)
+    prompts: list[EncodedPrompt | None]  # [N] (each prompt repeated G times; None outside this rank's rows)
     completions: list[list[int]]  # [N] token ids
     group_size: int  # G
     old_logp: torch.Tensor  # [N, T]
     ref_logp: torch.Tensor | None = None  # [N, T]
     entropy: torch.Tensor | None = None  # [N, T] under pi_old, for estimators that need it
     advantages: torch.Tensor | None = None  # [N] or [N, T]
+    rows: list[int] | None = None  # the rows this process scores and trains on (None: all)
+
+    @property
+    def local_rows(self) -> list[int]:
+        return list(range(len(self.completions))) if self.rows is None else self.rows
 
     @property
     def mask(self) -> torch.Tensor:  # [N, T]
@@ -57,10 +67,17 @@ def loss_options(cfg: Config) -> dict[str, Any]:
 
 class PolicyUpdate:
     def __init__(
-        self, cfg: Config, policy: Policy, opt: torch.optim.Optimizer, sched: Any, temperature: float
+        self,
+        cfg: Config,
+        policy: Policy,
+        opt: torch.optim.Optimizer,
+        sched: Any,
+        temperature: float,
+        dist: Dist | None = None,
     ):
         a = cfg.algo
         self.cfg, self.policy, self.opt, self.sched, self.temperature = cfg, policy, opt, sched, temperature
+        self.dist = dist or Dist()
         self.loss_fn: Callable = LOSSES.get(a.loss)
         self.loss_kwargs = loss_options(cfg)
         self.agg = AGGREGATIONS.get(a.loss_agg)
@@ -69,14 +86,15 @@ class PolicyUpdate:
         self.whole_groups = bool(getattr(self.loss_fn, "needs_whole_groups", False))
         self.tokens = 0  # tokens through the training forward in the last call (for tokens/s)
 
-    def __call__(self, batch: RolloutBatch) -> dict[str, float]:
+    def __call__(self, batch: RolloutBatch, step: int = 0) -> dict[str, float]:
         a, N = self.cfg.algo, len(batch.prompts)
         lr = self.sched.get_last_lr()[0]  # the rate this update uses (the scheduler steps after it)
         unit = batch.group_size if self.whole_groups else 1  # rows move in blocks of whole groups when needed
+        gen = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + step)  # same on every process
         steps: list[dict[str, float]] = []
         self.tokens = 0
         for _ in range(a.epochs):
-            blocks = torch.randperm(N // unit).tolist()
+            blocks = torch.randperm(N // unit, generator=gen).tolist()
             per_step = math.ceil(len(blocks) / a.mini_batches)
             for s in range(0, len(blocks), per_step):
                 rows = [b * unit + j for b in blocks[s : s + per_step] for j in range(unit)]
@@ -91,8 +109,10 @@ class PolicyUpdate:
     def _optimizer_step(self, batch: RolloutBatch, rows: list[int], unit: int) -> dict[str, float]:
         a, dev, pol = self.cfg.algo, self.policy.device, self.policy
         full_mask = batch.mask
-        micros = self._micro_batches(rows, unit)
-        units = sum(self.agg.units(full_mask[m]) for m in micros)  # the whole mini-batch's denominator
+        # the global mini-batch's denominator, split the way the whole batch would be on one process
+        units = sum(self.agg.units(full_mask[m]) for m in self._micro_batches(rows, unit))
+        mine = set(batch.local_rows)
+        micros = self._micro_batches([r for r in rows if r in mine], unit)
         self.opt.zero_grad(set_to_none=True)
         acc = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0}
         parts: list[tuple[dict[str, Any], float]] = []
@@ -127,10 +147,12 @@ class PolicyUpdate:
             acc["loss"] += loss.item()
             acc["pg_loss"] += pg.item()
             acc["entropy"] += ent_term.item()
-            parts.append(({k: v for k, v in st.items()}, n_tok))
+            parts.append(({k: float(v) for k, v in st.items()}, n_tok))
         params = [p for p in pol.model.parameters() if p.requires_grad]
+        self.dist.sum_grads(params)
         clip = self.cfg.optim.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         self.opt.step()
         self.sched.step()
-        return acc | reduce_stats(parts) | {"grad_norm": float(norm)}
+        all_parts = [x for ps in self.dist.gather(parts) for x in ps]
+        return self.dist.sum(acc) | reduce_stats(all_parts) | {"grad_norm": float(norm)}

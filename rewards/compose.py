@@ -49,6 +49,7 @@ from mmrl.rewards.base import (
     validate_options,
     worker_ref,
 )
+from mmrl.rewards.sandbox import sweep_orphans
 from mmrl.types import RewardInput, RewardResult
 
 logger = logging.getLogger("mmrl.rewards")
@@ -317,6 +318,7 @@ class CompositeReward:
         pool.shutdown(wait=False, cancel_futures=True)
         for p in procs:
             p.join(timeout=5)
+        sweep_orphans()  # run directories the killed workers left behind (their TeX runs died with them)
 
     def close(self) -> None:
         """Shut the worker pool down (idempotent)."""

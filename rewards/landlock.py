@@ -9,8 +9,12 @@ in paranoid mode (``tests/test_sandbox_security.py`` shows it with Landlock off)
 such hole for every file a TeX run might open.
 
 Why our own code: Python's standard library has no Landlock binding and the PyPI ones are unmaintained; the
-interface is three system calls and two structs. On kernels without Landlock :func:`abi` is 0 and the caller runs
-without it (the sandbox's other layers stay).
+interface is three system calls and two structs. On kernels without Landlock :func:`abi` is 0; the rendering sandbox
+then refuses to run unless the user opts into unconfined rendering (see :mod:`.sandbox`).
+
+``MMRL_SANDBOX_DISABLE_LANDLOCK=1`` makes :func:`abi` report 0 on a kernel that has Landlock, so that the tests (and a
+user checking a deployment) can run everything exactly as on a kernel without it. It can only take protection away,
+and the sandbox then fails closed, so it is not a way around the sandbox.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ class _PathBeneathAttr(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
+DISABLE_ENV = "MMRL_SANDBOX_DISABLE_LANDLOCK"
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 
@@ -56,9 +62,15 @@ def _fs_rights(abi_version: int) -> int:
     return (1 << (13 + (abi_version >= 2) + (abi_version >= 3) + (abi_version >= 5))) - 1
 
 
-@lru_cache(maxsize=1)
 def abi() -> int:
-    """The kernel's Landlock ABI version, 0 when Landlock is unavailable (old kernel, disabled, non-Linux)."""
+    """The Landlock ABI version to use: the kernel's, 0 when Landlock is unavailable (old kernel, disabled,
+    non-Linux) or when ``MMRL_SANDBOX_DISABLE_LANDLOCK=1`` is set (read on every call, so tests can switch it)."""
+    return 0 if os.environ.get(DISABLE_ENV) == "1" else kernel_abi()
+
+
+@lru_cache(maxsize=1)
+def kernel_abi() -> int:
+    """The kernel's Landlock ABI version, 0 when the kernel offers none (probed once per process)."""
     try:
         version = _libc.syscall(
             _SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION)
@@ -111,4 +123,4 @@ def confiner(
     return confine
 
 
-__all__ = ["abi", "confiner"]
+__all__ = ["DISABLE_ENV", "abi", "confiner", "kernel_abi"]

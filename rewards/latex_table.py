@@ -25,7 +25,10 @@ structure is scored against it directly and the visual reference is ``html_to_la
 same preamble. A reference that cannot be parsed or rendered is a dataset error: the sample scores 0 with an error
 naming it.
 
-An empty response (nothing to compile) counts as not compiling.
+An empty response (nothing to compile) counts as not compiling. When the sandbox cannot confine TeX (no Landlock and
+no ``MMRL_ALLOW_UNCONFINED_RENDER=1``, see :mod:`.sandbox`) every sample scores 0 with the sandbox's error, which
+names the opt-in; training goes on and the errors are logged. Hostile spans (``\\multicolumn{inf}``,
+``\\multirow{-1e309}``) fail to parse and to compile, and score 0 like any unreadable table.
 
 Speed: all distinct responses and not-yet-seen references of a batch go to ONE :func:`render_latex` call (batched
 TeX runs on all cores); rendered references and parsed reference structures are cached by text for the life of the
@@ -52,7 +55,7 @@ from PIL import Image
 
 from mmrl.rewards.base import register_reward
 from mmrl.rewards.latex_table_html import LatexTableParseError, html_to_latex, latex_to_html
-from mmrl.rewards.sandbox import RenderResult, render_latex
+from mmrl.rewards.sandbox import RenderResult, SandboxUnavailableError, render_latex
 from mmrl.rewards.ssim import CwSsimReference, cw_ssim, haar_ssim
 from mmrl.rewards.teds import teds
 from mmrl.types import RewardInput, RewardResult
@@ -214,7 +217,10 @@ def latex_table(
             refs.append(_reference(item))
         except ValueError as e:
             refs.append(str(e))
-    rendered = _render_all(preds, [r[0] if isinstance(r, tuple) else None for r in refs], dpi, timeout_s)
+    try:
+        rendered = _render_all(preds, [r[0] if isinstance(r, tuple) else None for r in refs], dpi, timeout_s)
+    except SandboxUnavailableError as e:  # no Landlock and no opt-in: every sample scores 0, saying why
+        return [RewardResult(score=0.0, error=str(e)) for _ in batch]
     pairs = dict.fromkeys((p, r[0]) for p, r in zip(preds, refs) if isinstance(r, tuple))
     vis = _visual_scores(list(pairs), rendered, visual)
     scored: dict[tuple[str, str], RewardResult] = {}

@@ -22,12 +22,13 @@ the rest in ``<tbody>``, mirroring PubTabNet's HTML so that a LaTeX prediction c
 - one empty row after the final ``\\\\`` (usually just ``\\bottomrule``) is dropped, as are longtable's repeated
   headers and per-page footers (rows closed by ``\\endhead`` after an ``\\endfirsthead``, or by ``\\endfoot``).
 
-Anything that cannot be read (no such environment, no ``\\end``, unbalanced braces, a non-integer span) raises
-``LatexTableParseError``; the reward scores that 0. It is a small tokenizer plus brace matcher rather than a TeX
-engine: macros defined by the user are not expanded (unknown commands are dropped and their braced arguments kept as
-text), and longtable's ``\\endlastfoot`` rows stay where they are written. Why our own code: no dependency-free
-library maps LaTeX tables to HTML with row and column spans (pandoc is an external binary and drops negative
-``\\multirow``; pylatexenc only converts text).
+Anything that cannot be read (no such environment, no ``\\end``, unbalanced braces, a span that is not a plain
+number or is past ``MAX_SPAN`` = 1000, such as ``\\multicolumn{inf}`` or ``\\multirow{-1e309}``) raises
+``LatexTableParseError`` and nothing else; the reward scores that 0. It is a small tokenizer plus brace matcher
+rather than a TeX engine: macros defined by the user are not expanded (unknown commands are dropped and their braced
+arguments kept as text), and longtable's ``\\endlastfoot`` rows stay where they are written. Why our own code: no
+dependency-free library maps LaTeX tables to HTML with row and column spans (pandoc is an external binary and drops
+negative ``\\multirow``; pylatexenc only converts text).
 
 ``html_to_latex(html)`` goes the other way for training references (e.g. PubTabNet ground truth): a booktabs
 ``tabular`` with ``\\multicolumn``/``\\multirow`` and empty placeholders under row spans; ``<b> <i> <sup> <sub>``
@@ -70,6 +71,10 @@ DROPPED = {
     "endhead": "", "endfirsthead": "", "endfoot": "", "endlastfoot": "", "pagebreak": "o", "nopagebreak": "o",
     "newpage": "", "centering": "", "raggedright": "", "raggedleft": "", "arraybackslash": "",
 }  # fmt: skip
+# HTML caps colspan at 1000 (browsers clamp larger values); a larger span is no real table, and TeX itself stops on
+# one wider than the table, so a LaTeX span past it is a parse error and an HTML one is clamped to it.
+MAX_SPAN = 1000
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
 LONGTABLE_MARKERS = ("endfirsthead", "endhead", "endfoot", "endlastfoot")
 FULL_RULES = ("hline", "toprule", "midrule", "bottomrule", "specialrule")  # end the header when between rows
 CAPTIONS = (("cs", "caption"), ("cs", "label"))
@@ -318,11 +323,15 @@ class _Cell:
 
 
 def _span_count(arg: list[Token] | None, what: str) -> int:
+    """The span as written: a plain decimal number (a fraction is truncated, as before), at most ``MAX_SPAN`` in
+    size; ``inf``, ``1e309``, ``nan``, exponents, and spans past ``MAX_SPAN`` raise ``LatexTableParseError``."""
     raw = "".join(v for _, v in arg or []).strip()
-    try:
-        return int(float(raw))
-    except ValueError:
-        raise LatexTableParseError(f"{what} has a non-numeric span {raw!r}") from None
+    if not _NUMBER.fullmatch(raw):
+        raise LatexTableParseError(f"{what} has a non-numeric span {raw[:40]!r}")
+    digits = raw.lstrip("+-").split(".")[0].lstrip("0")
+    if len(digits) > len(str(MAX_SPAN)) or abs(int(float(raw))) > MAX_SPAN:  # no float overflow on 10**400
+        raise LatexTableParseError(f"{what} spans {raw[:40]}, more than the {MAX_SPAN} a table can have")
+    return int(float(raw))
 
 
 def _parse_cell(toks: list[Token]) -> tuple[int, int, str]:
@@ -450,18 +459,20 @@ def _cell_latex(el: etree._Element) -> str:
 
 
 def _span_attr(el: etree._Element, name: str) -> int:
+    """The attribute as browsers read it: 1 when it is not a number, clamped to [1, ``MAX_SPAN``]."""
     try:
-        return max(1, int(el.get(name, "1")))
+        return min(max(1, int(el.get(name, "1"))), MAX_SPAN)
     except ValueError:
         return 1
 
 
 def html_to_latex(html: str) -> str:
-    """A booktabs ``tabular`` for an HTML table (first ``<table>``); raises ``ValueError`` when there is none."""
+    """A booktabs ``tabular`` for an HTML table (first ``<table>``); raises ``LatexTableParseError`` (a
+    ``ValueError``) when there is none. Spans are read as browsers do: clamped to [1, ``MAX_SPAN``]."""
     root = lxml_html.document_fromstring(html) if html.strip() else None
     tables = root.xpath("//table") if root is not None else []
     if not tables:
-        raise ValueError(f"no <table> in the HTML: {html[:80]!r}")
+        raise LatexTableParseError(f"no <table> in the HTML: {html[:80]!r}")
     trs = tables[0].xpath(".//tr")
     covered: dict[tuple[int, int], int] = {}  # (row, col) of a span's top-left-below cell -> its colspan
     lines, width, head_rows = [], 0, len(tables[0].xpath(".//thead//tr"))

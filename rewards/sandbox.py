@@ -1,6 +1,6 @@
-"""Rendering sandbox: untrusted LaTeX tables -> grayscale images (pdfLaTeX + PDFium), untrusted HTML -> grayscale
-images (headless Chromium). Model outputs are hostile input; this module is the security boundary of the rendering
-rewards (ALGORITHMS.md §4, Table2LaTeX-RL "visual").
+"""Rendering sandbox for untrusted LaTeX tables: bodies -> grayscale images (pdfLaTeX + PDFium). Model outputs are
+hostile input; this module is the security boundary of the rendering rewards (ALGORITHMS.md §4, Table2LaTeX-RL
+"visual"). Untrusted HTML goes to :mod:`.html_sandbox` (headless Chromium).
 
 LaTeX, :func:`render_latex`. Every body is compiled inside one fixed preamble (:data:`PREAMBLE`: ``standalone`` with
 ``border=2pt``, amsmath booktabs multirow tabularx multicol bm xcolor graphicx makecell array), each body on its own
@@ -13,7 +13,10 @@ Security, outermost layer first (the OS and kpathsea layers are the boundary; th
 - Landlock (:mod:`.landlock`, Linux >= 5.13): pdflatex may read only the TeX trees, its binary and libraries and the
   format, and write only its run directory; no TCP. This matters: pdfTeX 1.40.24 reads ``\\pdfobj file {...}``
   without asking kpathsea, i.e. it embeds ``/etc/passwd`` in the PDF even in paranoid mode (shown in
-  tests/test_sandbox_security.py). Without Landlock in the kernel the other layers still stop that primitive.
+  tests/test_sandbox_security.py). **Fail closed**: without Landlock (older kernel, some containers, or
+  ``MMRL_SANDBOX_DISABLE_LANDLOCK=1``) :func:`render_latex` raises :class:`SandboxUnavailableError`, whose message
+  names the opt-in ``MMRL_ALLOW_UNCONFINED_RENDER=1``; the rendering rewards then score 0 with that error. With the
+  opt-in, the layers below are all there is, and the test suite runs its whole hostile corpus in that mode too.
 - pdflatex runs in a fresh temporary directory (its cwd, removed afterwards) with a minimal environment built from
   scratch: ``openin_any=p openout_any=p`` (kpathsea "paranoid": no absolute paths, no ``..``, no dotfiles, for
   reading and writing; also given as ``-cnf-line``), ``shell_escape=f`` plus ``-no-shell-escape``, no
@@ -21,15 +24,21 @@ Security, outermost layer first (the OS and kpathsea layers are the boundary; th
   ever), ``-no-parse-first-line``, stdin closed, its own session (process group), rlimits (CPU, 1 GiB address space,
   20 MB per written file so log bombs die of SIGXFSZ, no core files, ``RLIMIT_NPROC=0`` so a non-root pdflatex cannot
   fork; root is exempt from that one) and a wall-clock timeout that SIGKILLs the process group. Even a finished
-  run's group is killed, so nothing outlives a call.
-- Inputs are screened before any process starts (:func:`screen_latex`): not str/UTF-8, NUL or other control
-  characters, over :data:`MAX_BODY_BYTES` -> rejected. Control words that read or write files, reach the shell or the
-  PDF internals, change catcodes, build control sequences from text, loop or fill the log (:data:`FORBIDDEN_WORDS`,
-  every ``\\pdf...``, ``^^`` notation, ``document``/``filecontents`` environments) are rejected without running TeX.
-- Inside TeX, the format redefines ``\\input \\include \\openout \\special \\scantokens \\includegraphics
-  \\pdfobj \\pdffiledump \\pdfmdfivesum \\pdffilesize \\pdfximage \\pdfprimitive`` ... to errors at
-  ``\\begin{document}``. ``\\openin``/``\\read`` stay: LaTeX needs them at run time (loading ``t1enc.def`` for
-  ``\\textless``). LaTeX's and expl3's internal aliases of all of these keep working, hence "second line".
+  run's group is killed, so nothing outlives a call. ``PR_SET_PDEATHSIG`` kills pdflatex when the process that
+  started it dies (a reward worker killed by its pool), and the run directories live under a parent named after
+  that process (``mmrl-render-<pid>-<start time>-...``), which :func:`sweep_orphans` removes once the process is
+  gone: the next render in any process does it, and so does the reward pool after killing a worker.
+- Inputs are screened before any process starts (:func:`.latex_screen.screen_latex`, see that module for the
+  design): the text may not change catcodes or build control sequences from text, ``\\begin``/``\\end`` take only
+  allow-listed environments, and control words that read or write files, reach the shell or the PDF internals, loop
+  or fill the log are refused.
+- Inside TeX, the format redefines ``\\input \\include \\openout \\special \\scantokens \\includegraphics \\pdfobj
+  \\pdffiledump \\pdfmdfivesum \\pdffilesize \\pdfximage \\pdfmapfile \\pdfprimitive`` ... to errors at
+  ``\\begin{document}``, and with them the expl3 aliases of pdfTeX's file readers and of ``\\pdfprimitive``
+  (``\\tex_pdfobj:D``, ``\\tex_filesize:D``, ``\\tex_primitive:D``, ...: :data:`_LOCKED_ALIASES`, checked complete
+  by tests/test_sandbox_audit.py), which kpathsea does not guard. ``\\openin``/``\\read`` and the internal aliases
+  of ``\\input`` (``\\@@input``, ``\\tex_input:D``) stay: LaTeX needs them at run time (loading ``t1enc.def`` for
+  ``\\textless``), and kpathsea's paranoid mode guards them.
 - The PDF is checked before rasterising: page count, page size (:data:`MAX_PAGE_PT` per side, ``max_pixels``), so a
   ``\\rule{16000pt}{16000pt}`` fails without allocating a bitmap. PDFium (Chrome's PDF engine) parses the PDF.
 
@@ -44,27 +53,20 @@ broken, the 2-core machine shared with other work, so +-20%): naive (full preamb
   sandbox's per-run set-up (temporary directory, Landlock) costs about as much;
 - (b) up to ``batch_size`` bodies per TeX run, one page each: 53 renders/s, the big step (a run costs ~0.08 s of
   start-up, a table a few ms). A body that could change the state seen by the next one (definitions, ``\\global``,
-  counters, leaving its group: :data:`SOLO_WORDS`) is compiled alone. A failing run is resumed: a per-run secret
-  marker in the log names the body that failed; it gets that error and the others are run again without it. A run
-  past its timeout, without a marker or with the wrong page count falls back to one run per body, so a bad body
-  never costs its neighbours anything but time, and batched and single renders are pixel-identical;
+  counters, leaving its group: :data:`.latex_screen.SOLO_WORDS`) is compiled alone. A failing run is resumed: a
+  per-run secret marker in the log names the body that failed; it gets that error and the others are run again
+  without it. A run past its timeout, without a marker or with the wrong page count falls back to one run per
+  body, so a bad body never costs its neighbours anything but time, and batched and single renders are
+  pixel-identical;
 - (d) ``workers`` TeX runs at once, driven from the calling thread (``pidfd`` + ``poll``; it starts no threads, so
   the rlimit/Landlock ``preexec_fn`` is safe unless the caller runs threads of its own), the next run starting
   before this thread rasterises: 79 renders/s.
-
-HTML, :class:`HtmlRenderer`: one Chromium (Playwright sync API) per renderer, a fresh context and page per call,
-JavaScript off unless asked for, every request aborted by a route handler and counted (``blocked_requests``), and
-behind the routes a proxy that refuses every connection (a local port held bound but never listening, loopback not
-bypassed) and no host name resolution, because WebSockets do not pass through routes. A page past ``timeout_ms``
-(an endless script) is closed with its context; calls that hang (``evaluate`` has no timeout) are ended by a
-watchdog that kills the browser's process tree, and a new browser is launched. Input size and screenshot size are
-capped; the screenshot is cropped to its content like the LaTeX pages.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
-import io
 import math
 import os
 import re
@@ -86,44 +88,31 @@ from pathlib import Path
 import numpy as np
 
 from mmrl.rewards import landlock
+from mmrl.rewards.latex_screen import PAGE_ENV, screen_latex
 
 PACKAGES = tuple("amsmath booktabs multirow tabularx multicol bm xcolor graphicx makecell array".split())
-PAGE_ENV = "mmrlpage"
 PREAMBLE = f"\\documentclass[border=2pt,multi={PAGE_ENV}]{{standalone}}\n" + "".join(
     f"\\usepackage{{{p}}}\n" for p in PACKAGES
 )
-MAX_BODY_BYTES = 64 * 1024
 MAX_PAGE_PT = 5000.0
 MAX_PIXELS = 16_000_000
 ADDRESS_SPACE = 1 << 30
 MAX_FILE_BYTES = 20 * 1000 * 1000
+ALLOW_UNCONFINED_ENV = "MMRL_ALLOW_UNCONFINED_RENDER"
 
-# Rejected outright: they read or write files, reach the shell or PDF internals, rebuild any of these from text, or
-# only serve to loop or to fill the log (no table needs them).
-FORBIDDEN_WORDS = frozenset(
-    "input include includeonly InputIfFileExists IfFileExists openin read readline closein endinput verbatiminput "
-    "VerbatimInput lstinputlisting includegraphics includepdf usepackage RequirePackage documentclass documentstyle "
-    "LoadClass openout write immediate closeout ShellEscape DelayedShellEscape directlua latelua luaexec catcode "
-    "makeatletter ExplSyntaxOn csname scantokens special shipout dump primitive batchmode errorstopmode scrollmode "
-    "nonstopmode interactionmode loop repeat message typeout wlog show showthe showbox showlists errmessage "
-    "errhelp".split()
-)
-FORBIDDEN_PREFIXES = ("pdf",)
-# Allowed, but could leak state into the next body of a shared run (definitions, global assignments, counters,
-# leaving the page's group): such a body gets its own TeX run.
-SOLO_WORDS = frozenset(
-    "def edef gdef xdef let futurelet global globaldefs long outer protected newcommand renewcommand providecommand "
-    "DeclareRobustCommand newenvironment renewenvironment newcolumntype newif setcounter addtocounter stepcounter "
-    "refstepcounter newcounter newlength newsavebox caption footnote footnotemark footnotetext afterassignment "
-    "aftergroup endgroup egroup definecolor colorlet xglobal fontdimen hyphenchar skewchar hyphenation patterns "
-    "uccode lccode sfcode mathcode delcode chardef mathchardef countdef dimendef skipdef toksdef muskipdef "
-    "font".split()
-)
-_FORBIDDEN_ENVS = ("document", "filecontents", "filecontents*")
 _LOCKED = (
-    "input include includeonly openout special scantokens includegraphics pdfobj "
-    "pdffiledump pdfmdfivesum pdffilesize pdffilemoddate pdfximage pdfprimitive pdfannot pdfstartlink pdfinfo "
-    "pdfcatalog pdfnames pdftrailer pdfoutline pdfdest".split()
+    "input include includeonly openout special scantokens includegraphics pdfobj pdffiledump pdfmdfivesum "
+    "pdffilesize pdffilemoddate pdfximage pdfrefximage pdfxform pdfmapfile pdfmapline pdfprimitive pdfannot "
+    "pdfstartlink pdfinfo pdfcatalog pdfnames pdftrailer pdfoutline pdfdest".split()
+)
+# The other names of the primitives above that TeX does not need at run time (expl3 and LaTeX internals). Names
+# with "_" ":" "@" can only be reached by building them from text, which the screen refuses; locking them too keeps
+# pdfTeX's kpathsea-blind file readers shut even when the screen is bypassed.
+_LOCKED_ALIASES = (
+    "tex_pdfobj:D tex_pdfximage:D tex_pdfrefximage:D tex_pdfxform:D tex_filedump:D tex_filemoddate:D "
+    "__file_timestamp:n tex_filesize:D __file_size:n tex_mdfivesum:D tex_mapfile:D tex_mapline:D tex_primitive:D "
+    "tex_scantokens:D tex_special:D tex_openout:D tex_pdfannot:D tex_pdfstartlink:D tex_pdfinfo:D "
+    "tex_pdfcatalog:D tex_pdfnames:D tex_pdftrailer:D tex_pdfoutline:D tex_pdfdest:D".split()
 )
 FORMAT_SOURCE = (
     PREAMBLE
@@ -133,12 +122,9 @@ FORMAT_SOURCE = (
     + "\\def\\mmrlmark#1{\\immediate\\write-1{#1}}\n"
     + "\\AtBeginDocument{"
     + "".join(f"\\mmrl@lock\\{w}" for w in _LOCKED)
+    + "".join(f"\\expandafter\\mmrl@lock\\csname {w}\\endcsname" for w in _LOCKED_ALIASES)
     + "}\n\\makeatother\n\\dump\n"
 )
-_CONTROL = re.compile(r"\\(?:([A-Za-z]+)|.)", re.S)
-_COMMENT = re.compile(r"(\\.)|%[^\n]*(?:\n[ \t]*)?", re.S)
-_BAD_CHARS = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
-_ENV_NAME = re.compile(r"\\(?:begin|end)\s*\{\s*([^}]*)\}")
 _TEX_FLAGS = tuple(
     "-no-shell-escape -interaction=nonstopmode -halt-on-error -no-parse-first-line -no-mktex=tfm -no-mktex=pk "
     "-no-mktex=tex -cnf-line=openin_any=p -cnf-line=openout_any=p -cnf-line=shell_escape=f".split()
@@ -147,6 +133,15 @@ _PDFIUM_LOCK = threading.Lock()  # PDFium is not thread-safe, even across docume
 _FORMAT_LOCK = threading.Lock()
 _FORMAT_DIRS: dict[str, Path] = {}
 _TEX_READ_PATHS: list[str] = []
+_RUN_PARENT = re.compile(r"mmrl-render-(\d+)-(\d+)-[a-z0-9_]+")  # mkdtemp adds [a-z0-9_]
+_SWEPT: set[str] = set()  # roots already swept by this process
+_WARNED: set[str] = set()
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class SandboxUnavailableError(RuntimeError):
+    """Rendering refused: Landlock is unavailable and unconfined rendering was not opted into."""
 
 
 @dataclass
@@ -179,53 +174,31 @@ class _Run:
     deadline: float
 
 
-def screen_latex(body: str | bytes) -> tuple[str, str | None, bool]:
-    """``(text, error, solo)``: the body as text, why it is rejected (None when accepted), and whether it needs its
-    own TeX run. Scans the raw text (comments included: a forbidden word in a comment is still rejected)."""
-    if isinstance(body, bytes):
-        try:
-            body = body.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return "", f"input is not valid UTF-8 ({e.reason} at byte {e.start})", False
-    if not isinstance(body, str):
-        return "", f"input must be str or bytes, got {type(body).__name__}", False
-    try:
-        size = len(body.encode("utf-8"))
-    except UnicodeEncodeError:
-        return "", "input is not valid UTF-8 (lone surrogate)", False
-    if size > MAX_BODY_BYTES:
-        return "", f"input is {size} bytes, over the {MAX_BODY_BYTES}-byte limit", False
-    bad = _BAD_CHARS.search(body)
-    if bad:
-        return "", f"input contains control character {bad.group()!r}", False
-    # TeX joins the lines around a comment ("\\inp%<newline>ut"): check what TeX reads as well as the raw text.
-    views = [body, _COMMENT.sub(lambda m: m.group(1) or "", body)] if "%" in body else [body]
-    solo = False
-    for view in views:
-        error, needs_solo = _screen_words(view)
-        if error is not None:
-            return "", error, False
-        solo = solo or needs_solo
-    return body, None, solo
-
-
-def _screen_words(text: str) -> tuple[str | None, bool]:
-    if "^^" in text:
-        return "input contains ^^ character notation", False
-    if PAGE_ENV in text:
-        return f"input mentions the sandbox's page environment {PAGE_ENV!r}", False
-    for m in _ENV_NAME.finditer(text):
-        if m.group(1).strip() in _FORBIDDEN_ENVS:
-            return f"environment {m.group(1).strip()!r} is not allowed in a table body", False
-    solo = False
-    for m in _CONTROL.finditer(text):
-        word = m.group(1)
-        if word is None:
-            continue
-        if word in FORBIDDEN_WORDS or word.startswith(FORBIDDEN_PREFIXES):
-            return f"command \\{word} is not allowed in a table body", False
-        solo = solo or word in SOLO_WORDS
-    return None, solo
+def confinement() -> str:
+    """``"landlock"`` when TeX runs will be confined by Landlock; ``"unconfined"`` when Landlock is unavailable and
+    the user opted in with ``MMRL_ALLOW_UNCONFINED_RENDER=1`` (warns once per process). Raises
+    :class:`SandboxUnavailableError` otherwise: the sandbox fails closed."""
+    if landlock.abi() > 0:
+        return "landlock"
+    if os.environ.get(ALLOW_UNCONFINED_ENV) == "1":
+        if not _WARNED:
+            _WARNED.add(ALLOW_UNCONFINED_ENV)
+            warnings.warn(
+                f"rendering LaTeX without Landlock ({ALLOW_UNCONFINED_ENV}=1): only the textual screen, the TeX-level "
+                "locks, kpathsea's paranoid mode and rlimits stand between model outputs and this machine's files",
+                stacklevel=3,
+            )
+        return "unconfined"
+    if os.environ.get(landlock.DISABLE_ENV) == "1" and landlock.kernel_abi() > 0:
+        why = f"{landlock.DISABLE_ENV}=1 is set"
+    else:
+        why = "this kernel offers no Landlock (Linux >= 5.13 with landlock in the lsm= boot parameter)"
+    raise SandboxUnavailableError(
+        f"refusing to render LaTeX: {why}. Without Landlock, pdfTeX's \\pdfobj and similar primitives can read any "
+        "file this process can, and only a textual screen stands in the way. Run on a kernel with Landlock, or set "
+        f"{ALLOW_UNCONFINED_ENV}=1 to render anyway (the screen, TeX-level locks, kpathsea's paranoid mode and "
+        "rlimits still apply)"
+    )
 
 
 def render_latex(
@@ -241,10 +214,12 @@ def render_latex(
     screen: bool = True,
 ) -> list[RenderResult]:
     """Render each LaTeX body (e.g. a ``tabular``) on its own page; one result per body, in order, never raises for a
-    bad body. ``workers`` TeX processes run at once (default: the usable CPUs, at most 4); clean bodies share runs of
-    at most ``batch_size``; every run gets ``timeout_s`` of wall time. ``root`` holds the temporary run directories
-    (default: the system temp dir). ``screen=False`` skips the textual screening: only the security tests use it,
-    to show that the OS and kpathsea layers hold on their own."""
+    bad body, but raises :class:`SandboxUnavailableError` when it cannot confine TeX (see :func:`confinement`).
+    ``workers`` TeX processes run at once (default: the usable CPUs, at most 4); clean bodies share runs of at most
+    ``batch_size``; every run gets ``timeout_s`` of wall time. ``root`` holds the temporary run directories (default:
+    the system temp dir), inside one parent per call named after this process. ``screen=False`` skips the textual
+    screening: only the security tests use it, to show that the OS, kpathsea and format layers hold on their own."""
+    confinement()
     fmt_dir = format_dir()
     workers = workers or min(4, len(os.sched_getaffinity(0)))
     results: list[RenderResult | None] = [None] * len(bodies)
@@ -262,10 +237,67 @@ def render_latex(
     jobs += [
         _Job(chunk.tolist(), False) for chunk in np.array_split(np.array(batchable, dtype=int), n_chunks or 1)
     ]
-    _Compiler(texts, results, fmt_dir, dpi, timeout_s, root, max_pixels, extract_text).run(
-        [j for j in jobs if j.items], workers
-    )
+    jobs = [j for j in jobs if j.items]
+    if jobs:
+        root = Path(root) if root is not None else Path(tempfile.gettempdir())
+        if str(root) not in _SWEPT:
+            _SWEPT.add(str(root))
+            sweep_orphans(root)
+        owner = f"mmrl-render-{os.getpid()}-{_start_ticks(os.getpid())}-"
+        parent = Path(tempfile.mkdtemp(prefix=owner, dir=root))
+        try:
+            compiler = _Compiler(texts, results, fmt_dir, dpi, timeout_s, parent, max_pixels, extract_text)
+            compiler.run(jobs, workers)
+        finally:
+            shutil.rmtree(parent, ignore_errors=True)
     return [r if r is not None else RenderResult(ok=False, error="internal: no result") for r in results]
+
+
+def sweep_orphans(root: str | Path | None = None) -> int:
+    """Remove the run directories under ``root`` (default: the system temp dir) whose owning process is gone (a
+    reward worker killed mid-render), first killing any process still working in them; returns how many were
+    removed. :func:`render_latex` calls it once per process and root; the reward pool calls it after killing its
+    workers. A directory of a live process is never touched (the name holds its pid and start time)."""
+    root = Path(root) if root is not None else Path(tempfile.gettempdir())
+    try:
+        entries = [e for e in os.scandir(root) if _RUN_PARENT.fullmatch(e.name)]
+    except OSError:
+        return 0
+    removed = 0
+    for entry in entries:
+        pid, ticks = map(int, _RUN_PARENT.fullmatch(entry.name).groups())
+        if _start_ticks(pid) == ticks or not entry.is_dir(follow_symlinks=False):
+            continue
+        _kill_processes_in(Path(entry.path))
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed += not os.path.exists(entry.path)
+    return removed
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), None when it is gone:
+    with the pid it names one process, even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def _kill_processes_in(folder: Path) -> None:
+    """SIGKILL every TeX process whose working directory is inside ``folder`` (one that outlived its parent's
+    death signal); nothing else, not even a shell someone opened there."""
+    prefix = str(folder.resolve())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+            inside = cwd == prefix or cwd.startswith(prefix + os.sep)
+            if inside and (proc / "comm").read_text().strip() in ("pdflatex", "pdftex"):
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
 
 
 def _as_text(body: str | bytes) -> str:
@@ -285,7 +317,7 @@ class _Compiler:
             max_pixels,
             extract_text,
         )
-        self.root = Path(root) if root is not None else Path(tempfile.gettempdir())
+        self.root = root
         self.queue: deque[_Job] = deque()
 
     def run(self, jobs: list[_Job], workers: int) -> None:
@@ -404,8 +436,9 @@ def _reap(run: _Run) -> int:
 
 
 def spawn_tex(workdir: Path, fmt_dir: Path, timeout_s: float, *, confine: bool = True) -> subprocess.Popen:
-    """Start pdflatex on ``workdir/job.tex`` with every OS-level protection (see module docstring). Exposed for the
-    security tests, which compile hand-made documents the same way; ``confine=False`` leaves Landlock out."""
+    """Start pdflatex on ``workdir/job.tex`` with every OS-level protection (see module docstring); raises
+    :class:`SandboxUnavailableError` when Landlock is unavailable and not opted out of. Exposed for the security
+    tests, which compile hand-made documents the same way; ``confine=False`` leaves Landlock out."""
     return subprocess.Popen(
         ["pdflatex", "-fmt=mmrlfmt", *_TEX_FLAGS, "job.tex"],
         cwd=workdir,
@@ -420,8 +453,8 @@ def spawn_tex(workdir: Path, fmt_dir: Path, timeout_s: float, *, confine: bool =
 
 
 def _child_setup(cpu_s: int, workdir: Path | None, fmt_dir: Path):
-    """A ``preexec_fn``: rlimits, then Landlock (when the kernel has it and ``workdir`` is given). Everything is
-    computed here, in the parent; the child only makes system calls."""
+    """A ``preexec_fn``: die with the parent, rlimits, then Landlock (unless ``workdir`` is None or the user opted
+    into unconfined rendering). Everything is computed here, in the parent; the child only makes system calls."""
     limits = []
     for name, value, slack in (
         ("RLIMIT_CPU", cpu_s, 1),  # SIGXCPU at the soft limit, SIGKILL one second later
@@ -435,10 +468,16 @@ def _child_setup(cpu_s: int, workdir: Path | None, fmt_dir: Path):
         cap = (lambda v: v) if hard == resource.RLIM_INFINITY else (lambda v, h=hard: min(v, h))
         limits.append((which, (cap(value), cap(value + slack))))
     confine = None
-    if workdir is not None and landlock.abi() > 0:
+    if workdir is not None and confinement() == "landlock":
         confine = landlock.confiner([*_TEX_READ_PATHS, fmt_dir], [workdir])
+    parent = os.getpid()
 
     def apply() -> None:
+        # SIGKILL when the thread that started us dies: a reward worker killed mid-render takes its TeX runs along.
+        if _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # the parent died before the prctl: no signal will come
+            os._exit(1)
         for which, pair in limits:
             resource.setrlimit(which, pair)
         if confine is not None:
@@ -587,229 +626,14 @@ def _build_format(target: Path) -> None:
         os.replace(fmt, target / "mmrlfmt.fmt")
 
 
-_CHROMIUM_ARGS = [
-    *"--no-sandbox --disable-gpu --disable-background-networking --disable-component-update --disable-sync".split(),
-    *"--no-first-run --disable-quic --disable-dev-shm-usage".split(),
-    "--host-resolver-rules=MAP * ~NOTFOUND",
-]
-_TEXT_JS = "() => document.body ? document.body.innerText : ''"
-_PAGE_SIZE_JS = "() => [document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
-
-
-class HtmlRenderer:
-    """Renders untrusted HTML with one reused headless Chromium; use as a context manager (``with HtmlRenderer() as
-    r: r.render(html)``). Not thread-safe: Playwright's sync API belongs to the thread that started it.
-
-    ``blocked_requests`` counts the requests the route handler aborted; one that a script fires late may still be
-    held at the route when the page closes, and is then dropped with it, uncounted. Behind the routes, the browser's
-    proxy is a local port this object holds bound but never listening, so any connection the routes do not see
-    (WebSockets) is refused on the spot; host names resolve to nothing."""
-
-    def __init__(
-        self,
-        *,
-        javascript: bool = False,
-        max_html_bytes: int = 256 * 1024,
-        max_width: int = 4000,
-        max_height: int = 4000,
-        close_timeout_s: float = 5.0,
-    ):
-        self.javascript, self.max_html_bytes = javascript, max_html_bytes
-        self.max_width, self.max_height, self.close_timeout_s = max_width, max_height, close_timeout_s
-        self.blocked_requests = 0
-        self.restarts = 0
-        self._pw = self._browser = self._blackhole = None
-        self._browser_procs: list = []
-        self._browser_dead = False
-
-    def __enter__(self) -> HtmlRenderer:
-        self._launch()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the browser and the Playwright driver; kills the browser's processes if closing does not finish."""
-        if self._browser is not None:
-            self._guarded(self._browser.close)
-        self._kill_browser()
-        self._browser = None
-        if self._pw is not None:
-            self._pw.stop()
-            self._pw = None
-        if self._blackhole is not None:
-            self._blackhole.close()
-            self._blackhole = None
-
-    def render(
-        self, html: str | bytes, *, width: int = 800, timeout_ms: int = 3000, extract_text: bool = False
-    ) -> RenderResult:
-        """Screenshot ``html`` in a ``width``-pixel viewport, cropped to its content; not ok (never raises) when the
-        input is rejected, the page does not finish within ``timeout_ms`` or the browser fails. ``extract_text``
-        also returns the visible text of every frame (tests use it to prove that no local file was loaded)."""
-        t0 = time.monotonic()
-        text, error = _screen_html(html, self.max_html_bytes)
-        if error is not None:
-            return RenderResult(ok=False, error=f"rejected: {error}")
-        if self._browser is None or self._browser_dead or not self._browser.is_connected():
-            self._relaunch()
-        # Calls without a timeout of their own (evaluate, close) hang while a script spins; past the deadline the
-        # watchdog kills the browser, which makes them raise.
-        watchdog = threading.Timer(timeout_ms / 1000.0 + 1.0, self._kill_browser)
-        watchdog.start()
-        context = None
-        try:
-            context = self._browser.new_context(
-                viewport={"width": width, "height": 600},
-                java_script_enabled=self.javascript,
-                service_workers="block",
-                accept_downloads=False,
-                device_scale_factor=1,
-            )
-            context.route("**/*", self._abort)
-            image, text = self._shoot(context.new_page(), text, t0 + timeout_ms / 1000.0, extract_text)
-            return RenderResult(ok=True, image=image, seconds=time.monotonic() - t0, text=text)
-        except Exception as e:  # Playwright's TimeoutError and Error, a killed browser
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            return RenderResult(ok=False, error=f"{type(e).__name__}: {first}", seconds=time.monotonic() - t0)
-        finally:
-            closed = context is None or self._guarded(context.close)
-            watchdog.cancel()
-            watchdog.join()
-            if not closed or self._browser_dead:
-                self._relaunch()
-
-    def _shoot(self, page, html: str, deadline: float, extract_text: bool) -> tuple[np.ndarray, str | None]:
-        page.set_content(html, timeout=_left_ms(deadline), wait_until="load")
-        w, h = page.evaluate(_PAGE_SIZE_JS)
-        clip = {
-            "x": 0,
-            "y": 0,
-            "width": min(max(w, 1), self.max_width),
-            "height": min(max(h, 1), self.max_height),
-        }
-        png = page.screenshot(clip=clip, full_page=True, timeout=_left_ms(deadline), animations="disabled")
-        text = "\n".join(_frame_text(f) for f in page.frames) if extract_text else None
-        return _crop_content(_png_to_gray(png)), text
-
-    def _abort(self, route) -> None:
-        self.blocked_requests += 1
-        route.abort()
-
-    def _launch(self) -> None:
-        import socket
-
-        import psutil
-        from playwright.sync_api import sync_playwright
-
-        self._blackhole = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._blackhole.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
-        port = self._blackhole.getsockname()[1]
-        before = {p.pid for p in psutil.Process().children()}
-        self._pw = sync_playwright().start()
-        proxy = [f"--proxy-server=http://127.0.0.1:{port}", "--proxy-bypass-list=<-loopback>"]
-        self._browser = self._pw.chromium.launch(
-            executable_path="/usr/bin/chromium", args=[*_CHROMIUM_ARGS, *proxy]
-        )
-        # Playwright's driver is our new child; the browser's main process is the driver's child.
-        drivers = [p for p in psutil.Process().children() if p.pid not in before]
-        self._browser_procs = [c for d in drivers for c in d.children()]
-        self._browser_dead = False
-
-    def _relaunch(self) -> None:
-        self.close()
-        self.restarts += 1
-        self._launch()
-
-    def _guarded(self, fn) -> bool:
-        """Call ``fn``; if it has not returned after ``close_timeout_s``, kill the browser (which makes it return)."""
-        timer = threading.Timer(self.close_timeout_s, self._kill_browser)
-        timer.start()
-        try:
-            fn()
-            return True
-        except Exception:
-            return False
-        finally:
-            timer.cancel()
-            timer.join()
-
-    def _kill_browser(self) -> None:
-        import psutil
-
-        self._browser_dead = True
-        procs = []
-        for root in self._browser_procs:
-            try:
-                procs += [*root.children(recursive=True), root]
-            except psutil.NoSuchProcess:
-                pass
-        for p in procs:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(procs, timeout=2)
-        self._browser_procs = []
-
-
-def _frame_text(frame) -> str:
-    try:
-        return frame.evaluate(_TEXT_JS)
-    except (
-        Exception
-    ):  # a frame showing Chromium's own error page cannot be evaluated; it holds no loaded text
-        return ""
-
-
-def _left_ms(deadline: float) -> float:
-    return max(1.0, (deadline - time.monotonic()) * 1000.0)
-
-
-def _screen_html(html: str | bytes, limit: int) -> tuple[str, str | None]:
-    if isinstance(html, bytes):
-        try:
-            html = html.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return "", f"input is not valid UTF-8 ({e.reason} at byte {e.start})"
-    if not isinstance(html, str):
-        return "", f"input must be str or bytes, got {type(html).__name__}"
-    try:
-        size = len(html.encode("utf-8"))
-    except UnicodeEncodeError:
-        return "", "input is not valid UTF-8 (lone surrogate)"
-    if size > limit:
-        return "", f"input is {size} bytes, over the {limit}-byte limit"
-    return html, None
-
-
-def _png_to_gray(png: bytes) -> np.ndarray:
-    from PIL import Image
-
-    with Image.open(io.BytesIO(png)) as im:
-        return np.asarray(im.convert("L"), dtype=np.float32) / 255.0
-
-
-def _crop_content(image: np.ndarray, border: int = 3) -> np.ndarray:
-    """Crop to the non-white pixels plus ``border`` (about the 2 pt the LaTeX pages keep at 100 dpi)."""
-    rows = np.flatnonzero((image < 0.999).any(axis=1))
-    cols = np.flatnonzero((image < 0.999).any(axis=0))
-    if rows.size == 0:
-        return np.ones((2 * border, 2 * border), dtype=np.float32)
-    out = np.ones(
-        (rows[-1] - rows[0] + 1 + 2 * border, cols[-1] - cols[0] + 1 + 2 * border), dtype=np.float32
-    )
-    out[border:-border, border:-border] = image[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
-    return out
-
-
 __all__ = [
+    "ALLOW_UNCONFINED_ENV",
     "PREAMBLE",
-    "HtmlRenderer",
     "RenderResult",
+    "SandboxUnavailableError",
+    "confinement",
     "format_dir",
     "render_latex",
-    "screen_latex",
     "spawn_tex",
+    "sweep_orphans",
 ]

@@ -268,3 +268,13 @@ def test_presets_train_and_resume_exactly(recipe, tmp_path, preset):
         assert state["advantage"] and state["last_kl"] is not None
     else:
         assert all(r["rollout/groups_with_signal"] == 1.0 for r in a)  # only informative groups kept
+
+
+def test_rendering_rewards_without_landlock_are_refused_before_training(recipe, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MMRL_SANDBOX_DISABLE_LANDLOCK", "1")
+    monkeypatch.delenv("MMRL_ALLOW_UNCONFINED_RENDER", raising=False)
+    out = tmp_path / "r"
+    assert main(["train", str(recipe), "--output-dir", str(out), "rewards=[{name: latex_table}]"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "MMRL_ALLOW_UNCONFINED_RENDER=1" in err and "rewards[0] ('latex_table')" in err
+    assert not out.exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from lxml import html as lxml_html
 from mmrl.rewards.latex_table_html import LatexTableParseError, html_to_latex, latex_to_html
 from mmrl.rewards.teds import teds
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "pubtabnet"
+DATA = Path(__file__).resolve().parent / "data" / "pubtabnet"
 
 
 def _body(*rows: str) -> str:
@@ -159,8 +160,6 @@ def test_html_to_latex_spans_and_escapes() -> None:
 
 
 def test_pubtabnet_round_trip() -> None:
-    if not (DATA / "sample_gt.json").is_file():
-        pytest.skip(f"PubTabNet reference sample not found at {DATA} (shared data folder absent)")
     records = json.loads((DATA / "sample_gt.json").read_text(encoding="utf-8"))
     assert len(records) == 20
     for name, record in records.items():
@@ -171,3 +170,65 @@ def test_pubtabnet_round_trip() -> None:
         ]
         original = lxml_html.fromstring(record["html"]).iter("td")
         assert texts == [re.sub(r"\s+", " ", td.text_content()).strip() for td in original], name
+
+
+OVERFLOW_SPANS = {
+    "multicolumn_inf": r"\multicolumn{inf}{c}{x}",
+    "multicolumn_huge": r"\multicolumn{99999999999}{c}{x}",
+    "multicolumn_exponent": r"\multicolumn{1e9}{c}{x}",
+    "multicolumn_nan": r"\multicolumn{nan}{c}{x}",
+    "multicolumn_negative_huge": r"\multicolumn{-99999999999}{c}{x}",
+    "multicolumn_5000_digits": r"\multicolumn{" + "9" * 5000 + "}{c}{x}",
+    "multicolumn_hex": r"\multicolumn{0x10}{c}{x}",
+    "multicolumn_unicode_digits": "\\multicolumn{\u0661\u0662}{c}{x}",
+    "multicolumn_past_html_limit": r"\multicolumn{1001}{c}{x}",
+    "multirow_negative_overflow": r"\multirow{-1e309}{*}{x}",
+    "multirow_overflow": r"\multirow{1e309}{*}{x}",
+    "multirow_past_int32": r"\multirow{2147483648}{*}{x}",
+    "multirowcell_inf": r"\multirowcell{inf}{x}",
+}
+
+
+@pytest.mark.parametrize("case", list(OVERFLOW_SPANS))
+def test_overflowing_spans_are_parse_errors(case: str) -> None:
+    latex = "\\begin{tabular}{cc}" + OVERFLOW_SPANS[case] + r" & y \\ a & b\end{tabular}"
+    with pytest.raises(LatexTableParseError, match="span"):
+        latex_to_html(latex)
+
+
+def test_spans_up_to_the_html_limit_are_read() -> None:
+    assert 'colspan="1000"' in latex_to_html(r"\begin{tabular}{c}\multicolumn{1000}{c}{x}\end{tabular}")
+    assert 'colspan="2"' in latex_to_html(r"\begin{tabular}{c}\multicolumn{ 2.5 }{c}{x}\end{tabular}")
+    far_up = latex_to_html(r"\begin{tabular}{c}a \\ \multirow{-1000}{*}{x}\end{tabular}")
+    assert far_up == _body('<td rowspan="2">x</td>', "")  # clipped to the rows that exist
+
+
+def test_html_spans_are_clamped_as_browsers_do() -> None:
+    html = "<table><tr><td colspan='99999999999'>a</td></tr><tr><td rowspan='1e309'>b</td></tr></table>"
+    latex = html_to_latex(html)
+    assert "\\multicolumn{1000}{c}{a}" in latex and "{l" + "c" * 999 + "}" in latex
+    assert latex_to_html(latex) == _body('<td colspan="1000">a</td>', "<td>b</td>")
+    with pytest.raises(LatexTableParseError, match="no <table>"):
+        html_to_latex("<p>no table</p>")
+
+
+def test_mutated_tables_raise_nothing_but_parse_errors() -> None:
+    """Random edits of the hand cases (inserted braces, separators, spans, environment ends, cut points): the
+    converter returns HTML or raises LatexTableParseError, never anything else (seeded, 4000 inputs)."""
+    rng = random.Random(0)
+    pieces = ["{", "}", "&", "\\\\", "\\\\[", "[", "]", "(", "%", "\\multicolumn{", "\\multirow{-", "\\multirow{",
+              "\\begin{tabular}{", "\\end{tabular}", "\\end{", "\\cmidrule(", "\\makecell[", "1e999}", "-0}", "inf}",
+              "\\", "$", "\\endhead", "\\caption{"]  # fmt: skip
+    sources = [latex for latex, _ in CASES.values()]
+    outcomes = {"html": 0, "parse error": 0}
+    for _ in range(4000):
+        text = rng.choice(sources)
+        for _ in range(rng.randint(1, 4)):
+            at = rng.randrange(len(text) + 1)
+            text = text[:at] + rng.choice(pieces) + text[at + rng.randint(0, 3) :]
+        try:
+            latex_to_html(text)
+            outcomes["html"] += 1
+        except LatexTableParseError:
+            outcomes["parse error"] += 1
+    assert outcomes["html"] > 500 and outcomes["parse error"] > 500  # both paths were exercised

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mmrl.rewards import landlock
 from mmrl.rewards.base import REWARDS, call_reward, validate_options
 from mmrl.rewards.latex_table import (
     extract_block,
@@ -24,12 +25,12 @@ from mmrl.rewards.latex_table import (
     visual_similarity,
 )
 from mmrl.rewards.latex_table_html import latex_to_html
-from mmrl.rewards.sandbox import render_latex
+from mmrl.rewards.sandbox import ALLOW_UNCONFINED_ENV, render_latex
 from mmrl.rewards.ssim import haar_ssim
 from mmrl.types import RewardInput
 
 pytestmark = pytest.mark.tex
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "pubtabnet"
+PUBTABNET = Path(__file__).resolve().parent / "data" / "pubtabnet"
 
 REF = r"""\begin{tabular}{lcc}
 \toprule
@@ -57,6 +58,14 @@ FENCED = f"Sure! Here is the table:\n\n```latex\n{REF}\n```\n\nLet me know if yo
 def _needs_tex():
     if shutil.which("pdflatex") is None:
         pytest.skip("pdflatex is not installed (TeX Live is installed by .ci/run)")
+
+
+@pytest.fixture(autouse=True)
+def _render_without_landlock_where_the_kernel_has_none(monkeypatch):
+    # These tests are about scores, not confinement (test_sandbox_security.py covers both modes): on a kernel
+    # without Landlock they opt into unconfined rendering instead of being refused.
+    if landlock.kernel_abi() == 0:
+        monkeypatch.setenv(ALLOW_UNCONFINED_ENV, "1")
 
 
 def _score(responses: dict[str, str], **options) -> dict:
@@ -237,11 +246,9 @@ def test_teds_reward_on_html():
 
 
 def test_teds_reward_reproduces_pubtabnet_reference_scores():
-    if not SHARED.is_dir():
-        pytest.skip(f"shared reference data not found at {SHARED}")
-    gt = json.loads((SHARED / "sample_gt.json").read_text())
-    pred = json.loads((SHARED / "sample_pred.json").read_text())
-    expected = json.loads((SHARED / "expected_teds.json").read_text())
+    gt = json.loads((PUBTABNET / "sample_gt.json").read_text())
+    pred = json.loads((PUBTABNET / "sample_pred.json").read_text())
+    expected = json.loads((PUBTABNET / "expected_teds.json").read_text())
     names = sorted(expected)
     batch = [RewardInput(id=n, response=pred[n], reference=gt[n]["html"]) for n in names]
     for structure_only, key in ((False, "teds"), (True, "teds_structure")):
@@ -263,3 +270,47 @@ def test_render_dir_keeps_renders_for_a_person(tmp_path):
     assert resp.mode == "L" and resp.size == ref.size and min(resp.getdata()) < 128  # ink on white
     assert (out / "tbl-2-response.error.txt").read_text().strip()
     assert not (out / "tbl-2-response.png").exists()
+
+
+OVERFLOW_CELLS = {
+    "multicolumn_inf": r"\multicolumn{inf}{c}{x}",
+    "multicolumn_huge": r"\multicolumn{99999999999}{c}{x}",
+    "multicolumn_exponent": r"\multicolumn{1e9}{c}{x}",  # TeX reads 1 and typesets "e9": compiles, unparsable
+    "multicolumn_5000_digits": r"\multicolumn{" + "9" * 5000 + "}{c}{x}",
+    "multicolumn_nan": r"\multicolumn{nan}{c}{x}",
+    "multirow_negative_overflow": r"\multirow{-1e309}{*}{x}",
+    "multirow_overflow": r"\multirow{1e309}{*}{x}",
+    "multirow_past_int32": r"\multirow{2147483648}{*}{x}",
+}
+OVERFLOW_ROWS = {
+    "newline_1e9pt": r"a \\[1e9pt] b",
+    "newline_huge_pt": r"a \\[99999999999pt] b",
+    "newline_max_dimen": r"a \\[16383.99999pt] b",
+    "rule_past_the_page_limit": r"\rule{1pt}{16000pt}",
+}
+
+
+def test_overflowing_numbers_score_zero_without_an_exception():
+    """Spans and lengths past every limit: the reward's own verdict (no error from a caught exception), 0."""
+    responses = {
+        k: rf"\begin{{tabular}}{{cc}}{v} & y \\ a & b\end{{tabular}}" for k, v in OVERFLOW_CELLS.items()
+    }
+    responses.update({k: rf"\begin{{tabular}}{{c}}{v}\end{{tabular}}" for k, v in OVERFLOW_ROWS.items()})
+    results = _score(responses, timeout_s=5.0)
+    for name, res in results.items():
+        assert res.error is None, (name, res.error)
+        assert res.score == 0.0 and res.parts["acc"] == 0.0 and res.parts["form"] == 0.0, name
+        assert res.parts["compile"] == (1.0 if name == "multicolumn_exponent" else 0.0), name
+    for name in OVERFLOW_CELLS:  # the structure cannot be read: teds_s is 0, not an exception's 0
+        assert results[name].parts["teds_s"] == 0.0, name
+
+
+def test_without_landlock_and_without_the_opt_in_every_sample_scores_zero_naming_it(monkeypatch):
+    monkeypatch.setenv(landlock.DISABLE_ENV, "1")
+    monkeypatch.delenv(ALLOW_UNCONFINED_ENV, raising=False)
+    batch = [RewardInput(id=str(i), response=r, reference=REF) for i, r in enumerate([REF, NEAR_MISS])]
+    results = call_reward(latex_table, "latex_table", batch, {})
+    assert [r.score for r in results] == [0.0, 0.0]
+    assert all("refusing to render" in r.error and f"{ALLOW_UNCONFINED_ENV}=1" in r.error for r in results)
+    monkeypatch.setenv(ALLOW_UNCONFINED_ENV, "1")  # the opt-in: rendered, scored as with Landlock
+    assert [r.score for r in call_reward(latex_table, "latex_table", batch, {})] == [2.0, 2.0]

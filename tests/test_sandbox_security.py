@@ -1,27 +1,29 @@
-"""Hostile inputs against the rendering sandbox (rewards/sandbox.py) and the latex_table reward.
+"""Hostile LaTeX against the rendering sandbox (rewards/sandbox.py, rewards/latex_screen.py) and the latex_table reward.
 
-Every LaTeX case runs three ways: through the reward (score 0), through ``render_latex`` (not ok), and through
-``render_latex(screen=False)``, which skips the textual screening so that the OS, kpathsea and TeX-format layers must
-hold on their own. After each run: a canary file next to the run directories is neither read into the output (text
-layer, error message) nor modified (content, mtime); no file appears outside the run directories (the root's tree is
-unchanged, no target file anywhere); no pdflatex process is left. Positive controls show that the checks would catch
-a leak: the same reads succeed from inside a run directory, or with kpathsea's permissive mode, or (for pdfTeX's
-``\\pdfobj file``, which ignores kpathsea) without Landlock.
+The whole corpus runs in three modes (the ``mode`` fixture): Landlock on; Landlock made unavailable
+(``MMRL_SANDBOX_DISABLE_LANDLOCK=1``, exactly what a kernel without it looks like to the sandbox) with no opt-in,
+where every render is refused with an error naming ``MMRL_ALLOW_UNCONFINED_RENDER=1``; and Landlock unavailable with
+that opt-in, where the screen must refuse every case that touches files, the shell, catcodes or names built from
+text, and nothing may leak. Each case also runs with ``screen=False``, so the OS, kpathsea and format layers must
+hold on their own (in the opt-in mode: without Landlock too).
+
+After each run: a canary file next to the run directories is neither read into the output (text layer, error
+message: its text, size, MD5 or hex dump) nor modified; no file appears outside the run directories (the root's tree
+is unchanged, no target file anywhere); no pdflatex process is left. Positive controls show that the checks would
+catch a leak: the same reads succeed from inside a run directory, or with kpathsea's permissive mode, or, for
+pdfTeX's ``\\pdfobj file`` (which ignores kpathsea), with the stock LaTeX format and no Landlock.
 """
 
 from __future__ import annotations
 
 import hashlib
-import http.server
 import os
 import re
 import secrets
 import shutil
 import signal
-import socketserver
 import subprocess
 import tempfile
-import threading
 import time
 import zlib
 from pathlib import Path
@@ -32,16 +34,17 @@ import pytest
 from PIL import Image
 
 from mmrl.rewards import landlock, sandbox
-from mmrl.rewards.sandbox import HtmlRenderer, render_latex
+from mmrl.rewards.sandbox import SandboxUnavailableError, render_latex
 from mmrl.types import RewardInput
 
 TEX = pytest.mark.tex
-CHROMIUM = pytest.mark.chromium
 TIMEOUT_S = 3.0
 GOOD_TABLE = (
     r"\begin{tabular}{|l|c|}\hline Name & Value\\ \hline alpha & 1.5\\ beta & 2.0\\ \hline\end{tabular}"
 )
 BLOAT = "A" * 200
+MODES = ("landlock", "no_landlock_refused", "no_landlock_opt_in")
+OPT_IN = sandbox.ALLOW_UNCONFINED_ENV + "=1"
 
 # {rel}: ../canary.tex (outside the run directory), {abs}: its absolute path, {pwned}: an absolute path outside the
 # run directory that must never be created, {pwned_name}: its name (written as ../{pwned_name}).
@@ -64,16 +67,49 @@ HOSTILE_LATEX = {
     "openout_abs": r"\newwrite\w\immediate\openout\w={pwned} \immediate\write\w{x}\immediate\closeout\w x",
     "filecontents_parent": r"\begin{filecontents}{../{pwned_name}}x\end{filecontents}x",
     "infinite_loop": r"\loop\iftrue\repeat",
-    "exponential_macro": r"\def\a{\a\a}\a",
+    "exponential_macro": r"\def\e{\e\e}\e",
     "memory_bomb": r"\def\x{xxxxxxxx}\loop\edef\x{\x\x}\iftrue\repeat",
     "huge_rule": r"\rule{16000pt}{16000pt}",
     "log_bomb_message": r"\loop\message{" + BLOAT + r"}\iftrue\repeat",
     "log_bomb_typeout": r"\loop\typeout{" + BLOAT + r"}\iftrue\repeat",
     "catcode_escape": r"{\catcode`\|=0 |input{{rel}}}",
+    "catcode_letters_expl3_input": r"\catcode`\_=11 \catcode`\:=11 \tex_input:D {abs} ",
+    "catcode_at_input": r"\catcode`\@=11 \@@input {rel} ",
     "caret_notation_input": r"^^5cinput{rel} ",
+    "caret_notation_csname": r"^^5ccsname tex_input:D^^5cendcsname {abs} ",
     "csname_input": r"\csname input\endcsname{{rel}}",
     "csname_expl3_primitive_input": r"\csname tex_input:D\endcsname {rel} ",
     "csname_expl3_primitive_openin": r"\newread\r\csname tex_openin:D\endcsname\r={abs} \ifeof\r no\else\read\r to\x\x\fi",
+    "expandafter_let_csname": r"\expandafter\let\expandafter\x\csname tex_input:D\endcsname \x {abs} ",
+    "usename_expl3_input": r"\UseName{tex_input:D}{{abs}}",
+    "usename_latex_internal_input": r"\UseName{@@input} {rel} ",
+    "usename_expl3_pdfobj": r"\immediate\UseName{tex_pdfobj:D} file {{abs}}\UseName{tex_pdfrefobj:D}"
+    r"\UseName{tex_pdflastobj:D} x",
+    "usename_primitive_pdfobj": r"\immediate\UseName{tex_primitive:D}\pdfobj file {{abs}}"
+    r"\UseName{tex_primitive:D}\pdfrefobj\UseName{tex_primitive:D}\pdflastobj x",
+    "usename_expl3_filesize": r"\UseName{tex_filesize:D}{{abs}}",
+    "usename_expl3_mdfivesum": r"\UseName{tex_mdfivesum:D} file {{abs}}",
+    "usename_expl3_filedump": r"\UseName{tex_filedump:D} length 64 {{abs}}",
+    "expandargs_c_pdfobj": r"\ExpandArgs{c}\immediate{tex_pdfobj:D} file {{abs}}\UseName{tex_pdfrefobj:D}"
+    r"\UseName{tex_pdflastobj:D} x",
+    "begin_expl3_input": r"\begin{tex_input:D}{abs} ",
+    "begin_expl3_openin": r"\newread\r\begin{tex_openin:D}\r={abs} \ifeof\r no\else\read\r to\x\x\fi",
+    "begin_expl3_pdfobj": r"\begin{tex_pdfobj:D} file {{abs}}\end{tex_pdfobj:D}",
+    "begin_input": r"\begin{input}{{rel}}",
+    "begin_pdfobj": r"\immediate\begin{pdfobj} file {{abs}}",
+    "begin_csname": r"\begin{csname}tex_input:D\endcsname {abs} ",
+    "begin_explsyntaxon": r"\begin{ExplSyntaxOn}\tex_input:D {abs} ",
+    "begin_makeatletter": r"\begin{makeatletter}\@@input {rel} ",
+    "begin_name_from_macro": r"\def\x{tex_input:D}\begin{\x}{abs} ",
+    "begin_unbraced_macro": r"\def\x{tex_input:D}\begin\x {abs} ",
+    "newhelp_expl3_pdfobj": r"\newhelp\h{tex_pdfobj:D}\newhelp\r{tex_pdfrefobj:D}\newhelp\l{tex_pdflastobj:D}"
+    r"\immediate\the\h file {{abs}}\the\r\the\l x",
+    "pagenumbering_latex_internal": r"\pagenumbering{@input}\thepage",
+    "tabbing_accent_builder": r"\a{tex_input:D}{{abs}}",
+    "explsyntaxon_input": r"\ExplSyntaxOn \tex_input:D {abs} \ExplSyntaxOff",
+    "explsyntaxon_pdfobj": r"\ExplSyntaxOn \tex_immediate:D \tex_pdfobj:D file {{abs}} \tex_pdfrefobj:D"
+    r" \tex_pdflastobj:D \ExplSyntaxOff x",
+    "expl3_name_without_catcodes": r"\tex_input:D {abs} ",
     "makeatletter_internal_input": r"\makeatletter\@@input {rel} \makeatother",
     "scantokens_input": r"\scantokens{\input {rel} }",
     "pdfprimitive_input": r"\pdfprimitive\input {rel} ",
@@ -92,10 +128,13 @@ HOSTILE_LATEX = {
     r"\begin{document}\input{../canary}",
     "font_metric_read": r"\font\x=../canary \x a",
     "errorstopmode_waits_on_stdin": r"\errorstopmode\undefinedcommand",
+    "endinput_alias": r"\XKeyValLoaded",
     "one_megabyte": "x" * (1 << 20),
     "nul_byte": "a\x00b",
 }
 HOSTILE_BYTES = {"invalid_utf8": b"\\begin{tabular}{c}\xff\xfe\xc3\\end{tabular}"}
+# The only cases the screen lets through: they touch no file and die of a TeX error or a sandbox limit.
+PASS_THE_SCREEN = {"exponential_macro", "huge_rule", "font_metric_read"}
 
 
 class Arena:
@@ -112,6 +151,7 @@ class Arena:
         self.pwned_name = f"pwned-{secrets.token_hex(6)}.tex"
         self.pwned = root / self.pwned_name
         self.md5 = hashlib.md5(self.canary.read_bytes()).hexdigest().upper()
+        self.hex = self.secret.encode().hex().upper()  # what \pdffiledump prints
         self.size = str(self.canary.stat().st_size)
         self.mtime = self.canary.stat().st_mtime_ns
         self.tree = self._tree()
@@ -132,7 +172,8 @@ class Arena:
 
     def leaked(self, *texts: str | None) -> bool:
         joined = "\n".join(t for t in texts if t)
-        return self.secret in joined or self.md5 in joined.upper() or self.size in joined
+        upper = joined.upper()
+        return self.secret in joined or self.md5 in upper or self.hex in upper or self.size in joined
 
     def check_untouched(self) -> None:
         assert self.canary.read_text().startswith(self.secret), "canary content changed"
@@ -142,10 +183,10 @@ class Arena:
             assert not (where / self.pwned_name).exists(), (
                 f"a hostile input created {where / self.pwned_name}"
             )
-        assert _tex_processes() == [], "a pdflatex process outlived the call"
+        assert tex_processes() == [], "a pdflatex process outlived the call"
 
 
-def _tex_processes() -> list[psutil.Process]:
+def tex_processes() -> list[psutil.Process]:
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
@@ -156,6 +197,19 @@ def _tex_processes() -> list[psutil.Process]:
     return out
 
 
+def set_mode(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """Landlock on, or unavailable (``MMRL_SANDBOX_DISABLE_LANDLOCK=1``) without or with the opt-in."""
+    monkeypatch.delenv(sandbox.ALLOW_UNCONFINED_ENV, raising=False)
+    monkeypatch.delenv(landlock.DISABLE_ENV, raising=False)
+    if mode == "landlock":
+        if landlock.kernel_abi() == 0:
+            pytest.skip("this kernel has no Landlock: the corpus runs in the two no-Landlock modes")
+        return
+    monkeypatch.setenv(landlock.DISABLE_ENV, "1")
+    if mode == "no_landlock_opt_in":
+        monkeypatch.setenv(sandbox.ALLOW_UNCONFINED_ENV, "1")
+
+
 @pytest.fixture
 def arena(tmp_path: Path) -> Arena:
     if shutil.which("pdflatex") is None:
@@ -163,27 +217,63 @@ def arena(tmp_path: Path) -> Arena:
     return Arena(tmp_path)
 
 
-def _hostile(arena: Arena) -> dict[str, str | bytes]:
+@pytest.fixture(params=MODES)
+def mode(request, monkeypatch) -> str:
+    set_mode(monkeypatch, request.param)
+    return request.param
+
+
+@pytest.fixture
+def confined(monkeypatch) -> None:
+    """Landlock when the kernel has it, else the opt-in: for tests about the layers, not about the policy."""
+    set_mode(monkeypatch, "landlock" if landlock.kernel_abi() > 0 else "no_landlock_opt_in")
+
+
+def hostile(arena: Arena) -> dict[str, str | bytes]:
     return {**{k: arena.body(v) for k, v in HOSTILE_LATEX.items()}, **HOSTILE_BYTES}
 
 
-def test_there_are_enough_hostile_cases():
-    assert len(HOSTILE_LATEX) + len(HOSTILE_BYTES) >= 25
+def test_the_corpus_covers_every_way_in():
+    assert len(HOSTILE_LATEX) + len(HOSTILE_BYTES) >= 75
+    joined = "\n".join(HOSTILE_LATEX.values())
+    for trick in (
+        "\\UseName",
+        "\\csname",
+        "\\begin{tex_",
+        "\\expandafter",
+        "\\catcode",
+        "^^",
+        ":D",
+        "\\newhelp",
+    ):
+        assert trick in joined, trick
 
 
 @TEX
 @pytest.mark.parametrize("case", [*HOSTILE_LATEX, *HOSTILE_BYTES])
-def test_hostile_latex_is_not_rendered(arena: Arena, case: str):
-    result = render_latex([_hostile(arena)[case]], root=arena.root, timeout_s=TIMEOUT_S, extract_text=True)[0]
+def test_hostile_latex_is_not_rendered(arena: Arena, mode: str, case: str):
+    body = hostile(arena)[case]
+    if mode == "no_landlock_refused":
+        with pytest.raises(SandboxUnavailableError, match=re.escape(OPT_IN)):
+            render_latex([body], root=arena.root, timeout_s=TIMEOUT_S)
+        arena.check_untouched()
+        return
+    result = render_latex([body], root=arena.root, timeout_s=TIMEOUT_S, extract_text=True)[0]
     assert not result.ok and result.image is None and result.error
     assert not arena.leaked(result.text, result.error)
+    assert result.error.startswith("rejected:") == (case not in PASS_THE_SCREEN), result.error
     arena.check_untouched()
 
 
 @TEX
 @pytest.mark.parametrize("case", [*HOSTILE_LATEX, *HOSTILE_BYTES])
-def test_hostile_latex_is_contained_without_screening(arena: Arena, case: str):
-    body = _hostile(arena)[case]
+def test_hostile_latex_is_contained_without_screening(arena: Arena, mode: str, case: str):
+    body = hostile(arena)[case]
+    if mode == "no_landlock_refused":
+        with pytest.raises(SandboxUnavailableError, match=re.escape(OPT_IN)):
+            render_latex([body], root=arena.root, timeout_s=TIMEOUT_S, screen=False)
+        arena.check_untouched()
+        return
     t0 = time.monotonic()
     result = render_latex([body], root=arena.root, timeout_s=TIMEOUT_S, extract_text=True, screen=False)[0]
     assert time.monotonic() - t0 < TIMEOUT_S + 10, "not stopped at its timeout"  # one run; 10 s for a busy CI
@@ -198,11 +288,10 @@ def test_hostile_latex_is_contained_without_screening(arena: Arena, case: str):
 
 
 @TEX
-def test_hostile_latex_scores_zero_in_a_batch_with_good_tables(arena: Arena):
+def test_hostile_latex_scores_zero_in_a_batch_with_good_tables(arena: Arena, mode: str):
     from mmrl.rewards.latex_table import latex_table
 
-    hostile = _hostile(arena)
-    responses = [GOOD_TABLE, *hostile.values(), GOOD_TABLE]
+    responses = [GOOD_TABLE, *hostile(arena).values(), GOOD_TABLE]
     batch = [
         RewardInput(
             id=f"s{i}",
@@ -212,17 +301,43 @@ def test_hostile_latex_scores_zero_in_a_batch_with_good_tables(arena: Arena):
         for i, r in enumerate(responses)
     ]
     results = latex_table(batch, timeout_s=TIMEOUT_S)
+    if (
+        mode == "no_landlock_refused"
+    ):  # refused as a whole, good tables too: score 0 with the reason, no crash
+        assert all(r.score == 0.0 and OPT_IN in r.error for r in results)
+        arena.check_untouched()
+        return
     assert results[0].score == 2.0 and results[-1].score == 2.0
-    for name, res in zip(hostile, results[1:-1]):
+    for name, res in zip(hostile(arena), results[1:-1]):
         assert res.parts["compile"] == 0.0, name
         assert res.parts["visual"] == 0.0 and res.parts["acc"] == 0.0, name
-        assert res.score == res.parts["form"], name  # form alone: teds_s > 0.9, which no hostile case reaches
-        assert res.score == 0.0, name
+        assert res.score == res.parts["form"] == 0.0, (
+            name
+        )  # form needs teds_s > 0.9: no hostile case reaches it
     arena.check_untouched()
 
 
 @TEX
-def test_a_hostile_body_does_not_change_its_neighbours(arena: Arena):
+def test_refusal_without_landlock_names_the_opt_in_and_starts_nothing(arena: Arena, monkeypatch):
+    set_mode(monkeypatch, "no_landlock_refused")
+    for call in (
+        sandbox.confinement,
+        lambda: render_latex([GOOD_TABLE], root=arena.root),
+        lambda: sandbox.spawn_tex(arena.root, sandbox.format_dir(), 5.0),
+    ):
+        with pytest.raises(SandboxUnavailableError) as info:
+            call()
+        assert OPT_IN in str(info.value) and landlock.DISABLE_ENV in str(info.value)
+    arena.check_untouched()  # no run directory was made, no TeX started
+    monkeypatch.setenv(sandbox.ALLOW_UNCONFINED_ENV, "1")
+    monkeypatch.setattr(sandbox, "_WARNED", set())  # the warning comes once per process
+    with pytest.warns(UserWarning, match="without Landlock"):
+        assert sandbox.confinement() == "unconfined"
+    assert render_latex([GOOD_TABLE], root=arena.root)[0].ok
+
+
+@TEX
+def test_a_hostile_body_does_not_change_its_neighbours(arena: Arena, confined):
     tables = [GOOD_TABLE.replace("alpha", f"row{i}") for i in range(6)]
     alone = [render_latex([t], root=arena.root)[0] for t in tables]
     mixed = [
@@ -242,29 +357,46 @@ def test_a_hostile_body_does_not_change_its_neighbours(arena: Arena):
 
 
 def _compile_by_hand(
-    workdir: Path, body: str, *, confine: bool = True, env: dict | None = None, files: list[Path] = ()
-) -> tuple[int, bytes]:
-    """Compile one page exactly as the sandbox does (or with the given environment instead), with ``files`` copied
-    into the run directory; return (exit status, PDF bytes). The directory is removed afterwards."""
+    workdir: Path,
+    body: str,
+    *,
+    confine: bool = True,
+    env: dict | None = None,
+    files: list[Path] = (),
+    stock_format: bool = False,
+) -> tuple[int, bytes, str]:
+    """Compile one page exactly as the sandbox does (or with the given environment, or with TeX Live's own
+    ``pdflatex`` format and a full document instead of the sandbox's format), with ``files`` copied into the run
+    directory; return (exit status, PDF bytes, log). The directory is removed afterwards."""
     workdir.mkdir()
     for f in files:
         shutil.copy(f, workdir / f.name)
+    page = f"\\begin{{{sandbox.PAGE_ENV}}}{body}\\end{{{sandbox.PAGE_ENV}}}"
+    preamble = "\\documentclass{article}" if stock_format else ""
     (workdir / "job.tex").write_text(
-        f"\\begin{{document}}\\begin{{{sandbox.PAGE_ENV}}}{body}\\end{{{sandbox.PAGE_ENV}}}\\end{{document}}\n"
+        f"{preamble}\\begin{{document}}{page if not stock_format else body}\\end{{document}}\n"
     )
     fmt = sandbox.format_dir()
-    if env is None:
+    flags = [f for f in sandbox._TEX_FLAGS if not f.startswith("-cnf-line")]
+    if stock_format:
+        tex_env = {k: v for k, v in sandbox._tex_env(fmt, workdir).items() if k != "TEXFORMATS"}
+        setup = sandbox._child_setup(11, workdir if confine else None, fmt)
+        proc = subprocess.Popen(
+            ["pdflatex", *sandbox._TEX_FLAGS, "job.tex"], cwd=workdir, env=tex_env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=setup,
+        )  # fmt: skip
+    elif env is None:
         proc = sandbox.spawn_tex(workdir, fmt, 10.0, confine=confine)
     else:
-        flags = [f for f in sandbox._TEX_FLAGS if not f.startswith("-cnf-line")]
         argv = ["pdflatex", "-fmt=mmrlfmt", *flags, "job.tex"]
         proc = subprocess.Popen(
             argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
         )
     rc = proc.wait(timeout=30)
     pdf = (workdir / "job.pdf").read_bytes() if (workdir / "job.pdf").exists() else b""
+    log = (workdir / "job.log").read_text(errors="replace") if (workdir / "job.log").exists() else ""
     shutil.rmtree(workdir)
-    return rc, pdf
+    return rc, pdf, log
 
 
 def _pdf_text_and_streams(pdf: bytes) -> str:
@@ -284,41 +416,60 @@ def _pdf_text_and_streams(pdf: bytes) -> str:
 
 
 @TEX
-def test_positive_control_a_read_inside_the_run_directory_is_seen(arena: Arena):
+def test_positive_control_a_read_inside_the_run_directory_is_seen(arena: Arena, confined):
     body = (
         r"\makeatletter\@@input canary.tex "  # LaTeX's internal alias: \input itself is locked in the format
     )
-    rc, pdf = _compile_by_hand(arena.root / "control", body, files=[arena.canary])
+    rc, pdf, _ = _compile_by_hand(arena.root / "control", body, files=[arena.canary])
     assert rc == 0 and arena.secret in _pdf_text_and_streams(pdf)
     arena.check_untouched()
 
 
 @TEX
-def test_positive_control_kpathsea_paranoid_mode_is_what_blocks_parent_reads(arena: Arena):
+def test_positive_control_kpathsea_paranoid_mode_is_what_blocks_parent_reads(arena: Arena, monkeypatch):
+    set_mode(monkeypatch, "no_landlock_opt_in")  # kpathsea alone, no Landlock behind it
     body = r"\makeatletter\@@input ../canary.tex "
     env = {**sandbox._tex_env(sandbox.format_dir(), arena.root / "permissive"), "openin_any": "a"}
-    rc, pdf = _compile_by_hand(arena.root / "permissive", body, env=env)
+    rc, pdf, _ = _compile_by_hand(arena.root / "permissive", body, env=env)
     assert rc == 0 and arena.secret in _pdf_text_and_streams(pdf)
-    rc, pdf = _compile_by_hand(arena.root / "paranoid", body, confine=False)
+    rc, pdf, _ = _compile_by_hand(arena.root / "paranoid", body, confine=False)
     assert rc != 0 and arena.secret not in _pdf_text_and_streams(pdf)
     arena.check_untouched()
 
 
 @TEX
-def test_landlock_stops_pdftex_pdfobj_file_which_ignores_kpathsea(arena: Arena):
-    if landlock.abi() == 0:
-        pytest.skip("this kernel has no Landlock; screening and the TeX-level lock still reject \\pdfobj")
-    body = arena.body(HOSTILE_LATEX["pdfobj_file_expl3"])
-    rc, pdf = _compile_by_hand(arena.root / "unconfined", body, confine=False)
+def test_landlock_stops_pdftex_pdfobj_file_which_ignores_kpathsea(arena: Arena, monkeypatch):
+    """TeX Live's own format (no locks), kpathsea paranoid: pdfTeX embeds the canary; Landlock alone stops it."""
+    set_mode(monkeypatch, "landlock")
+    body = arena.body(r"\immediate\pdfobj file {{abs}}\pdfrefobj\pdflastobj x")
+    rc, pdf, _ = _compile_by_hand(arena.root / "unconfined", body, confine=False, stock_format=True)
     assert rc == 0 and arena.secret in _pdf_text_and_streams(pdf)  # pdfTeX reads it despite openin_any=p
-    rc, pdf = _compile_by_hand(arena.root / "confined", body, confine=True)
+    rc, pdf, _ = _compile_by_hand(arena.root / "confined", body, confine=True, stock_format=True)
     assert rc != 0 and arena.secret not in _pdf_text_and_streams(pdf)
     arena.check_untouched()
 
 
 @TEX
-def test_tex_process_runs_confined(arena: Arena):
+@pytest.mark.parametrize("alias", ["tex_pdfobj:D", "tex_primitive:D"])
+def test_format_locks_the_expl3_aliases_that_kpathsea_does_not_guard(arena: Arena, monkeypatch, alias: str):
+    """No Landlock, no screen: the expl3 alias reaches pdfTeX's \\pdfobj in the stock format and leaks the canary
+    (positive control); the sandbox's format has locked it, and TeX stops with the lock's error."""
+    set_mode(monkeypatch, "no_landlock_opt_in")
+    pdfobj = r"\UseName{tex_pdfobj:D}" if alias == "tex_pdfobj:D" else r"\UseName{tex_primitive:D}\pdfobj"
+    body = arena.body(rf"\immediate{pdfobj} file {{{{abs}}}}\pdfrefobj\pdflastobj x")
+    rc, pdf, _ = _compile_by_hand(arena.root / "stock", body, confine=False, stock_format=True)
+    assert rc == 0 and arena.secret in _pdf_text_and_streams(pdf)
+    rc, pdf, log = _compile_by_hand(arena.root / "sandbox", body, confine=False)
+    assert rc != 0 and arena.secret not in _pdf_text_and_streams(pdf)
+    assert f"mmrl sandbox: \\{alias} is disabled" in log
+    arena.check_untouched()
+
+
+@TEX
+@pytest.mark.parametrize("tex_mode", ["landlock", "no_landlock_opt_in"])
+def test_tex_process_runs_confined(arena: Arena, monkeypatch, tex_mode: str):
     """The limits and environment of a live pdflatex, read from /proc while it loops."""
+    set_mode(monkeypatch, tex_mode)
     workdir = arena.root / "live"
     workdir.mkdir()
     loop = r"\begin{document}\begin{mmrlpage}\loop\iftrue\repeat\end{mmrlpage}\end{document}"
@@ -343,135 +494,10 @@ def test_tex_process_runs_confined(arena: Arena):
         assert environ["openin_any"] == environ["openout_any"] == "p" and environ["shell_escape"] == "f"
         assert "TEXMFOUTPUT" not in environ and environ["HOME"] == str(workdir)
         assert set(environ) <= set(sandbox._tex_env(sandbox.format_dir(), workdir))
-        if landlock.abi() > 0:
-            assert re.search(r"NoNewPrivs:\s+1", status)
+        # Landlock sets no_new_privs before restricting; unconfined runs do not
+        assert re.search(r"NoNewPrivs:\s+(\d)", status).group(1) == ("1" if tex_mode == "landlock" else "0")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     shutil.rmtree(workdir)
     arena.check_untouched()
-
-
-# ---------------------------------------------------------------------------------------------------- HTML
-
-
-class _Hits(http.server.BaseHTTPRequestHandler):
-    hits: list[str] = []
-
-    def do_GET(self):
-        self.hits.append(self.path)
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"leaked")
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def server():
-    srv = socketserver.TCPServer(("127.0.0.1", 0), _Hits)
-    _Hits.hits = []
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{srv.server_address[1]}", _Hits.hits
-    srv.shutdown()
-    srv.server_close()
-
-
-def _browser_processes() -> list[psutil.Process]:
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "chrom" in p.name().lower() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-@pytest.fixture
-def renderer():
-    if shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists():
-        pytest.skip("/usr/bin/chromium is not installed (installed by .ci/run)")
-    with HtmlRenderer(javascript=True) as r:
-        yield r
-    assert _browser_processes() == [], "Chromium processes outlived the renderer"
-
-
-HOSTILE_HTML = {
-    "infinite_loop_inline": "<p>x</p><script>while (true) {}</script>",
-    "infinite_loop_after_load": "<p>x</p><script>setTimeout(() => { while (true) {} }, 0)</script>",
-    "fetch": "<p>x</p><script>fetch('http://{srv}/fetch')</script>",
-    "img": "<img src='http://{srv}/img'>",
-    "img_external": "<img src='http://example.com/pixel.png'>",
-    "stylesheet": "<link rel=stylesheet href='http://{srv}/css'><p>x</p>",
-    "iframe_http": "<iframe src='http://{srv}/frame'></iframe>",
-    "websocket": "<p>x</p><script>new WebSocket('ws://{srv}/ws')</script>",
-    "xhr_and_beacon": "<p>x</p><script>navigator.sendBeacon('http://{srv}/b');"
-    "var q = new XMLHttpRequest(); q.open('GET', 'http://{srv}/xhr'); q.send()</script>",
-    "meta_refresh": "<meta http-equiv=refresh content='0;url=http://{srv}/refresh'><p>x</p>",
-    "iframe_file_canary": "<p>x</p><iframe src='file://{canary}'></iframe>",
-    "huge_dom_by_script": "<body><p>x</p><script>for (;;) document.body.appendChild(document.createElement('div'))"
-    "</script></body>",
-}
-
-
-@CHROMIUM
-@pytest.mark.parametrize("case", list(HOSTILE_HTML))
-def test_hostile_html_is_contained(renderer: HtmlRenderer, server, tmp_path: Path, case: str):
-    address, hits = server
-    secret = "CANARY" + secrets.token_hex(12)
-    canary = tmp_path / "canary.html"
-    canary.write_text(f"<p>{secret}</p>")
-    mtime = canary.stat().st_mtime_ns
-    blocked = renderer.blocked_requests
-    html = HOSTILE_HTML[case].replace("{srv}", address).replace("{canary}", str(canary))
-    t0 = time.monotonic()
-    result = renderer.render(html, timeout_ms=2000, extract_text=True)
-    assert time.monotonic() - t0 < 2 + 15, "not stopped at its timeout"  # + watchdog, kill and relaunch
-    assert hits == [], f"{case}: requests reached the server: {hits}"
-    assert secret not in (result.text or "") and secret not in (result.error or "")
-    assert canary.stat().st_mtime_ns == mtime
-    if case.startswith(("infinite_loop", "huge_dom")):
-        assert not result.ok and result.error
-    if case in (
-        "img",
-        "img_external",
-        "stylesheet",
-        "iframe_http",
-    ):  # the load event waits for these requests
-        assert renderer.blocked_requests > blocked, f"{case}: the route handler saw no request"
-    after = renderer.render("<p>still works</p>", extract_text=True)
-    assert after.ok and "still works" in after.text
-
-
-@CHROMIUM
-def test_positive_control_inline_canary_text_is_seen(renderer: HtmlRenderer):
-    secret = "CANARY" + secrets.token_hex(12)
-    result = renderer.render(f"<p>{secret}</p>", extract_text=True)
-    assert result.ok and secret in result.text
-
-
-@CHROMIUM
-def test_html_size_limits(renderer: HtmlRenderer):
-    too_big = "<table>" + "<tr><td>x</td></tr>" * 20000 + "</table>"
-    result = renderer.render(too_big)
-    assert not result.ok and "limit" in result.error
-    assert not renderer.render(b"<p>\xff\xfe</p>").ok
-    tall = renderer.render(
-        "<div style='height: 100000px; width: 100000px; background: black'></div>", timeout_ms=5000
-    )
-    assert (
-        tall.ok
-        and tall.image.shape[0] <= renderer.max_height + 6
-        and tall.image.shape[1] <= renderer.max_width + 6
-    )
-
-
-@CHROMIUM
-def test_html_renderer_leaves_no_process():
-    with HtmlRenderer() as r:
-        assert r.render("<table><tr><td>a</td></tr></table>").ok
-        assert _browser_processes() != []
-    assert _browser_processes() == []
