@@ -15,7 +15,7 @@ available memory it is measured at the largest T = 1024 / 2^k that fits and its 
 buffers is linear in B x T; the printed line says so). Values (log-probs, entropies, gradients) are compared on the
 shape both variants ran, to 1e-5 relative.
 
-    OMP_NUM_THREADS=1 python benchmarks/logprob_memory.py [--batch 8] [--tokens 1024] [--chunk 1024]
+    OMP_NUM_THREADS=1 python benchmarks/logprob_memory.py [--batch 8] [--tokens 1024] [--chunk 512]
 
 Last line: ``peak MB: mmrl X naive Y ratio Z`` (Z = naive / mmrl).
 """
@@ -87,7 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=1024)
-    ap.add_argument("--chunk", type=int, default=1024)
+    ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     B, T = args.batch, args.tokens
