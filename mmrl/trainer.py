@@ -304,12 +304,12 @@ class Trainer:
         }
 
     def throughput(self, got: Collected) -> dict[str, float]:
-        """Tokens per second of the rollout stage and of the update stage (process diagnostics, under time/)."""
+        """Stage timings (time/*) and tokens per second of the rollout and update stages (sys/*: diagnostics)."""
         t = self.timings
         rollout_tokens = sum(len(c.token_ids) for g in got.groups for c in g)
         out = {f"time/{k}": v for k, v in t.items()}
-        out["time/rollout_tokens_per_s"] = rollout_tokens / t["rollout"] if t.get("rollout") else 0.0
-        out["time/train_tokens_per_s"] = self.updater.tokens / t["update"] if t.get("update") else 0.0
+        out["sys/rollout_tokens_per_s"] = rollout_tokens / t["rollout"] if t.get("rollout") else 0.0
+        out["sys/train_tokens_per_s"] = self.updater.tokens / t["update"] if t.get("update") else 0.0
         return out
 
     def maybe_evaluate(self) -> dict[str, float]:
