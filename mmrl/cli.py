@@ -1,7 +1,10 @@
 """The ``mmrl`` command line.
 
-mmrl train CONFIG --output-dir DIR [--max-steps N] [--resume] [key=value ...]
+mmrl train CONFIG --output-dir DIR [--max-steps N] [--resume | --overwrite] [key=value ...]
 mmrl sft CONFIG --output-dir DIR [key=value ...]
+mmrl eval --model PATH --benchmark NAME --data PATH --output-dir DIR [...]   (see ``mmrl eval --help``)
+mmrl compare DIR_A DIR_B
+mmrl list
 mmrl reward NAME ...            (see ``mmrl reward --help``)
 mmrl build-tiny [--out DIR] [--seed N]
 mmrl info
