@@ -31,11 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from recipe_runs import train_recipe
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "shapes" / "tiny.yaml"
 GROUP = 8  # GRPO's G; the single-rollout methods take GROUP times its prompts per step
@@ -78,28 +78,18 @@ def method_overrides(method: str, prompts: int) -> list[str]:
 
 def run_one(method: str, seed: int, args: argparse.Namespace, data: Path) -> dict[str, Any]:
     """Train one (method, seed) in this process and return its eval curve and per-step diagnostics."""
-    from mmrl.config import load_config
-    from mmrl.trainer import Trainer
-
     out = args.out / "runs" / f"{method}-s{seed}"
-    overrides = [
-        f"data.train={data / 'train.jsonl'}",
-        f"data.eval={data / 'eval.jsonl'}",
-        f"train.seed={seed}",
-        f"train.max_steps={args.steps}",
-        "train.save_every=0",
-        "train.keep_checkpoints=1",
-        "train.progress=false",
-        f"eval.every={args.eval_every}",
-        f"eval.max_samples={args.eval_samples}",
-        *method_overrides(method, args.prompts),
-    ]
-    cfg = load_config(RECIPE, overrides)
-    t0 = time.perf_counter()
-    Trainer(cfg, out, overwrite=True).fit()
-    wall = time.perf_counter() - t0
+    data_overrides = [f"data.train={data / 'train.jsonl'}", f"data.eval={data / 'eval.jsonl'}"]
+    cfg, rows, wall = train_recipe(
+        RECIPE,
+        out,
+        [*data_overrides, *method_overrides(method, args.prompts)],
+        seed=seed,
+        steps=args.steps,
+        eval_every=args.eval_every,
+        eval_samples=args.eval_samples,
+    )
     per_step = cfg.train.prompts_per_step * cfg.rollout.n
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     evals = sorted((r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r)
     init = next((r["init/prompts"] for r in rows if "init/prompts" in r), 0)
     steps = [r for r in rows if r.get("step", 0) > 0 and "reward/mean" in r]

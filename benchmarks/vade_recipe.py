@@ -30,11 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from recipe_runs import train_recipe
 
 RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "shapes" / "tiny.yaml"
 ARMS = ("uniform", "vade")
@@ -58,29 +58,23 @@ def prepare_data(folder: Path, train_records: int) -> Path:
 
 def run_one(arm: str, seed: int, args: argparse.Namespace, train: Path) -> dict[str, Any]:
     """Train one (arm, seed) in this process; return its eval curve and per-step diagnostics."""
-    from mmrl.config import load_config
-    from mmrl.trainer import Trainer
-
     out = args.out / "runs" / f"{arm}-s{seed}"
     overrides = [
         f"data.train={train}",
         f"data.eval={train.parent / 'eval.jsonl'}",
         f"sampler.name={arm}",
-        f"train.seed={seed}",
-        f"train.max_steps={args.steps}",
         f"train.prompts_per_step={args.prompts}",
-        "train.save_every=0",
-        "train.keep_checkpoints=1",
-        "train.progress=false",
-        f"eval.every={args.eval_every}",
-        f"eval.max_samples={args.eval_samples}",
     ]
-    cfg = load_config(RECIPE, overrides)
-    t0 = time.perf_counter()
-    Trainer(cfg, out, overwrite=True).fit()
-    wall = time.perf_counter() - t0
+    cfg, rows, wall = train_recipe(
+        RECIPE,
+        out,
+        overrides,
+        seed=seed,
+        steps=args.steps,
+        eval_every=args.eval_every,
+        eval_samples=args.eval_samples,
+    )
     per_step = cfg.train.prompts_per_step * cfg.rollout.n
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     evals = sorted((r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r)
     steps = sorted((r for r in rows if r.get("step", 0) > 0 and "reward/mean" in r), key=lambda r: r["step"])
     return {

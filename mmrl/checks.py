@@ -133,6 +133,18 @@ def check_data(cfg: Config) -> None:
         raise ConfigError(f"data.train not found: {cfg.data.train} (build it first, or set data.builder)")
     if cfg.data.eval and not Path(cfg.data.eval).exists() and not cfg.data.builder:
         raise ConfigError(f"data.eval not found: {cfg.data.eval} (build it first, or set data.builder)")
+    e = cfg.eval
+    if e.benchmark:
+        from mmrl.eval import EvalError, get_benchmark
+
+        try:
+            get_benchmark(e.benchmark, e.benchmark_options, cfg.model)  # the name and its options
+        except EvalError as err:
+            raise ConfigError(f"eval.benchmark: {err}") from None
+        if not e.benchmark_data or not Path(e.benchmark_data).exists():
+            raise ConfigError(
+                f"eval.benchmark_data not found: {e.benchmark_data!r} (the {e.benchmark} files on disk)"
+            )
 
 
 def check_config(cfg: Config) -> None:

@@ -158,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from mmrl.config import ConfigError
     from mmrl.data import DataError
+    from mmrl.eval.base import EvalError
     from mmrl.processors.errors import MediaError
 
     parser = build_parser()
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]  # key=value overrides may follow --options
     try:
         return int(args.fn(args) or 0)
-    except (ConfigError, DataError, MediaError, FileNotFoundError) as e:
+    except (ConfigError, DataError, MediaError, EvalError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -190,6 +190,13 @@ class EvalConfig:
     success_threshold: float = opt(
         "a held-out response counts as correct when its reward is at least this", 1.0
     )
+    benchmark: str | None = opt(
+        "score held-out responses with this benchmark's scorer (mmrl eval's: mathvista, mathv, screenspot, table, "
+        "pathvqa, videoqa) instead of the rewards",
+        None,
+    )
+    benchmark_data: str | None = opt("the benchmark's data file or folder, in its published layout", None)
+    benchmark_options: dict[str, Any] = opt("the benchmark's options (e.g. screenspot coords)", factory=dict)
 
 
 @dataclass
@@ -376,7 +383,7 @@ def apply_preset(data: dict[str, Any]) -> dict[str, Any]:
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:
     """Paths in a recipe are relative to the recipe file, unless they exist relative to the working directory."""
-    for section, key in (("data", "train"), ("data", "eval"), ("model", "path")):
+    for section, key in (("data", "train"), ("data", "eval"), ("model", "path"), ("eval", "benchmark_data")):
         v = data.get(section, {}).get(key) if isinstance(data.get(section), dict) else None
         if isinstance(v, str) and v and not Path(v).is_absolute() and not Path(v).exists():
             cand = base / v

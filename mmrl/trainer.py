@@ -33,7 +33,7 @@ from mmrl.algos import (
 )
 from mmrl.checkpoint import load_training_state, rng_state, save_checkpoint
 from mmrl.checks import check_config
-from mmrl.collect import Collected, Collector, reward_inputs
+from mmrl.collect import Collected, Collector
 from mmrl.config import Config, to_dict
 from mmrl.data import ensure_built, load_split
 from mmrl.distributed import Dist
@@ -42,8 +42,8 @@ from mmrl.policy import Policy
 from mmrl.rewards.compose import CompositeReward, RewardConfig
 from mmrl.rollout import ENGINES
 from mmrl.samplers import SAMPLERS
-from mmrl.types import Sample
 from mmrl.update import PolicyUpdate, RolloutBatch
+from mmrl.validation import Validator
 
 
 def seed_everything(seed: int) -> None:
@@ -83,9 +83,7 @@ class Trainer:
         dist.barrier()
         skipped = self.out / "skipped.jsonl" if dist.is_main else None
         self.train_data = load_split(cfg.data, cfg.data.train, skipped)
-        self.eval_data: list[Sample] = []
-        if cfg.data.eval:
-            self.eval_data = load_split(cfg.data, cfg.data.eval, skipped)[: cfg.eval.max_samples]
+        eval_data = load_split(cfg.data, cfg.data.eval, skipped) if cfg.data.eval else []
         a = cfg.algo
         self.policy = Policy.from_pretrained(cfg.model, path=str(ckpt / "model") if ckpt else None)
         # the reference: a frozen copy, or with LoRA the policy itself with adapters disabled (Policy.reference)
@@ -116,6 +114,7 @@ class Trainer:
         self.collector = Collector(
             cfg, self.train_data, self.policy, self.engine, self.sampler, self.reward, self.stage, dist
         )
+        self.validator = Validator(cfg, eval_data, self.collector)
         self._reward_counts: dict[str, int] = {}
         if dist.is_main:
             (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
@@ -189,7 +188,7 @@ class Trainer:
     def start(self) -> None:
         """Before the first step: the held-out score of the initial policy, and the estimator's initialisation pass
         (MSSR: one response of the initial policy per training prompt)."""
-        if self.eval_data and self.dist.is_main:
+        if self.validator and self.dist.is_main:
             self.logger.log({"step": 0, **self.evaluate()})
         if not self.estimator.needs_init:
             return
@@ -314,7 +313,7 @@ class Trainer:
 
     def maybe_evaluate(self) -> dict[str, float]:
         cfg = self.cfg
-        if not self.eval_data or not self.dist.is_main:  # rank 0 evaluates; the others go on to the next step
+        if not self.validator or not self.dist.is_main:  # rank 0 evaluates; the others go on to the next step
             return {}
         if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.train.max_steps:
             with self.stage("eval"):
@@ -322,29 +321,8 @@ class Trainer:
         return {}
 
     # ------------------------------------------------------------------ eval / io
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Score the held-out records; runs on a forked RNG so evaluating never changes the training run."""
-        prompts = [self.collector.encode(s) for s in self.eval_data]
-        devices = [self.policy.device] if self.policy.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.cfg.train.seed + 7919)
-            groups = self.engine.generate(prompts, self.collector.sampling_params(eval_mode=True))
-        inputs = [
-            ri
-            for s, p, g in zip(self.eval_data, prompts, groups)
-            for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])
-        ]
-        scores = [r.score for r in self.reward(inputs)]
-        ok = [sc >= self.cfg.eval.success_threshold - 1e-6 for sc in scores]
-        out = {"eval/accuracy": sum(ok) / len(ok), "eval/reward_mean": sum(scores) / len(scores)}
-        key = self.cfg.eval.group_by
-        if key:
-            groups_ok: dict[str, list[bool]] = {}
-            for s, good in zip(self.eval_data, ok):
-                groups_ok.setdefault(str(s.metadata.get(key, "none")), []).append(good)
-            out |= {f"eval/accuracy/{g}": sum(v) / len(v) for g, v in sorted(groups_ok.items())}
-        return out
+        return self.validator()
 
     def _write_rollouts(self, got: Collected, keep: int = 2) -> None:
         """Append the first ``keep`` groups of the step, each response with its reward and reward parts."""

@@ -1,0 +1,50 @@
+"""In-training validation with a benchmark's own scorer (the one mmrl eval uses): the logged eval/accuracy equals
+what scoring the same responses with mmrl.eval gives, with its breakdowns."""
+
+from pathlib import Path
+
+from mmrl.cli import main
+from mmrl.logging import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
+MATHVISTA = ROOT / "tests" / "data" / "eval" / "mathvista" / "testmini.json"
+
+
+def test_training_validates_with_the_benchmark_scorer(tmp_path):
+    from mmrl.recipes.shapes.data import build
+
+    build(tmp_path / "data", n_train=8, n_eval=2, seed=1)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f"""
+model: {{path: {TINY}, min_pixels: 3136, max_pixels: 12544}}
+data: {{train: data/train.jsonl}}
+rollout: {{n: 2, max_new_tokens: 4, batch_size: 8}}
+rewards: [{{name: exact_match}}]
+eval: {{benchmark: mathvista, benchmark_data: {MATHVISTA}, max_samples: 6, max_new_tokens: 8}}
+train: {{prompts_per_step: 2, progress: false}}
+"""
+    )
+    out = tmp_path / "run"
+    assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "1"]) == 0
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1]
+    first = rows[0]
+    assert 0.0 <= first["eval/accuracy"] <= 1.0
+    assert any(k.startswith("eval/accuracy/") and "=" in k for k in first)  # the benchmark's breakdowns
+    assert "eval/reward_mean" not in first  # scored by the benchmark, not by the rewards
+
+    # the same greedy responses scored by mmrl eval's scorer give the logged number
+    from mmrl.config import load_config
+    from mmrl.trainer import Trainer
+
+    tr = Trainer(load_config(cfg, ["train.max_steps=1"]), tmp_path / "again")
+    assert tr.evaluate()["eval/accuracy"] == first["eval/accuracy"]
+
+
+def test_unknown_benchmark_is_a_one_line_error(tmp_path, capsys):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"data: {{train: {tmp_path}}}\nrewards: [{{name: exact_match}}]\neval: {{benchmark: mathvistaa}}\n")
+    assert main(["train", str(cfg), "--output-dir", str(tmp_path / "r")]) == 2
+    assert "eval.benchmark: unknown benchmark 'mathvistaa'" in capsys.readouterr().err
