@@ -57,7 +57,7 @@ FENCED = f"Sure! Here is the table:\n\n```latex\n{REF}\n```\n\nLet me know if yo
 @pytest.fixture(scope="module", autouse=True)
 def _needs_tex():
     if shutil.which("pdflatex") is None:
-        pytest.skip("pdflatex is not installed (TeX Live is installed by .ci/run)")
+        pytest.fail("pdflatex is not installed: run bash scripts/setup.sh (TeX Live is part of the set-up)")
 
 
 @pytest.fixture(autouse=True)

@@ -64,7 +64,7 @@ def _browser_processes() -> list[psutil.Process]:
 @pytest.fixture
 def renderer():
     if shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists():
-        pytest.skip("/usr/bin/chromium is not installed (installed by .ci/run)")
+        pytest.fail("/usr/bin/chromium is not installed: run bash scripts/setup.sh")
     with HtmlRenderer(javascript=True) as r:
         yield r
     assert _browser_processes() == [], "Chromium processes outlived the renderer"

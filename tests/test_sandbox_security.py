@@ -213,7 +213,7 @@ def set_mode(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
 @pytest.fixture
 def arena(tmp_path: Path) -> Arena:
     if shutil.which("pdflatex") is None:
-        pytest.skip("pdflatex is not installed (TeX Live is installed by .ci/run)")
+        pytest.fail("pdflatex is not installed: run bash scripts/setup.sh (TeX Live is part of the set-up)")
     return Arena(tmp_path)
 
 
