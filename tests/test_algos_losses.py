@@ -198,7 +198,7 @@ def test_corrections_that_would_change_nothing_are_refused():
 
 
 def test_presets_resolve_and_bind():
-    assert sorted(PRESETS) == ["dapo", "dr_grpo", "grpo", "gspo", "mssr"]
+    assert sorted(PRESETS) == ["dapo", "dr_grpo", "grpo", "gspo", "mssr", "spo"]
     assert PRESETS["mssr"]["rollout"]["n"] == 1 and PRESETS["dapo"]["algo"]["clip_high"] == 0.28
     logp = torch.zeros(2, 3, requires_grad=True)
     algo_fields = {f.name for f in dataclasses.fields(AlgoConfig)}
