@@ -160,6 +160,17 @@ class Policy:
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
+        # dropout stays off in updates (see Policy.training); attention dropout is a float, not a module
+        for module in (model, *model.modules()):
+            if isinstance(getattr(module, "attention_dropout", None), float):
+                module.attention_dropout = 0.0
+        for conf in (
+            model.config,
+            getattr(model.config, "text_config", None),
+            getattr(model.config, "vision_config", None),
+        ):
+            if conf is not None and isinstance(getattr(conf, "attention_dropout", None), float):
+                conf.attention_dropout = 0.0
         if cfg.freeze_vision or not trainable:
             for name, p in model.named_parameters():
                 if not trainable or ".visual." in f".{name}":
