@@ -32,6 +32,7 @@ token-level advantages; population std).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -55,7 +56,7 @@ class AdvantageInput:
     kl: float | None = None  # batch-mean KL(policy || ref) of the previous update; None without ref or step
 
 
-class AdvantageEstimator:
+class AdvantageEstimator(ABC):
     """Base class: validates the input, calls :meth:`compute`, adds the generic advantage statistics."""
 
     needs_entropy: bool = False  # an instance may set these from its options (mssr: entropy, init)
@@ -75,8 +76,8 @@ class AdvantageEstimator:
         adv, stats = self.compute(inp)
         return adv, {**stats, **advantage_stats(adv, inp.mask)}
 
-    def compute(self, inp: AdvantageInput) -> tuple[torch.Tensor, dict[str, float]]:
-        raise NotImplementedError
+    @abstractmethod
+    def compute(self, inp: AdvantageInput) -> tuple[torch.Tensor, dict[str, float]]: ...
 
     def state_dict(self) -> dict[str, Any]:
         return {}

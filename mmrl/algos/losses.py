@@ -33,6 +33,7 @@ A fully masked row adds 0 to the numerator and, for the two sequence modes, 1 to
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -217,16 +218,16 @@ def reduce_stats(parts: Iterable[tuple[dict[str, Any], float]]) -> dict[str, flo
     return {k: v / weights[k] if k in weights else v for k, v in sums.items()}
 
 
-class Aggregation:
+class Aggregation(ABC):
     """``numerator(loss, mask, constant)`` / ``units(mask)``, additive over micro-batches."""
 
     name = ""
 
-    def numerator(self, loss: torch.Tensor, mask: torch.Tensor, constant: float) -> torch.Tensor:
-        raise NotImplementedError
+    @abstractmethod
+    def numerator(self, loss: torch.Tensor, mask: torch.Tensor, constant: float) -> torch.Tensor: ...
 
-    def units(self, mask: torch.Tensor) -> float:
-        raise NotImplementedError
+    @abstractmethod
+    def units(self, mask: torch.Tensor) -> float: ...
 
 
 AGGREGATIONS: Registry[Aggregation] = Registry("loss aggregation")

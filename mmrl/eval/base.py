@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -58,7 +59,7 @@ class NoOptions:
     pass
 
 
-class Benchmark:
+class Benchmark(ABC):
     """Base class: subclasses set the class attributes and implement ``load``, ``extract`` and ``judge`` (or
     override ``score`` when scoring is batched, as rendering is)."""
 
@@ -79,14 +80,14 @@ class Benchmark:
         self.model = model or ModelConfig()
         self.check_media = True  # off when only a prediction file is scored: the model never sees the media
 
-    def load(self, path: Path) -> Loaded:
-        raise NotImplementedError
+    @abstractmethod
+    def load(self, path: Path) -> Loaded: ...
 
-    def extract(self, item: EvalItem, response: str) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def extract(self, item: EvalItem, response: str) -> Any: ...
 
-    def judge(self, item: EvalItem, extracted: Any) -> Score:
-        raise NotImplementedError
+    @abstractmethod
+    def judge(self, item: EvalItem, extracted: Any) -> Score: ...
 
     def score(
         self, items: list[EvalItem], responses: list[str], given: list[Any] | None = None
