@@ -335,6 +335,8 @@ class Trainer:
                 row = {
                     "step": self.step,
                     "id": s.id,
+                    "prompt": s.prompt_text,
+                    "images": [str(x) for x in s.images],
                     "answer": s.answer,
                     "responses": [
                         {"text": c.text, "finish": c.finish_reason, "reward": r.score, "parts": r.parts}
