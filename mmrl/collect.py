@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,14 +31,21 @@ from mmrl.rollout import SamplingParams
 from mmrl.rollout.base import Completion
 from mmrl.types import RewardInput, Sample
 
+ROLLOUTS_LOGGED = 2  # groups per step written to rollouts.jsonl (and kept rendered with train.keep_renders)
+
 
 class SamplingExhausted(RuntimeError):
     """Dynamic sampling found too few informative groups within its tries."""
 
 
 def reward_inputs(
-    sample: Sample, prompt: EncodedPrompt, texts: list[str], lengths: list[int]
+    sample: Sample,
+    prompt: EncodedPrompt,
+    texts: list[str],
+    lengths: list[int],
+    render_dir: Path | None = None,
 ) -> list[RewardInput]:
+    """What the rewards see for one group; with ``render_dir``, response j's renders go to ``render_dir-j``."""
     meta = {
         **sample.metadata,
         "image_sizes": prompt.image_sizes,
@@ -50,9 +58,9 @@ def reward_inputs(
             sample.answer,
             sample.prompt_text,
             list(sample.images),
-            {**meta, "response_tokens": n},
+            {**meta, "response_tokens": n} | ({"render_dir": f"{render_dir}-{j}"} if render_dir else {}),
         )
-        for t, n in zip(texts, lengths)
+        for j, (t, n) in enumerate(zip(texts, lengths))
     ]
 
 
@@ -82,6 +90,8 @@ class Collector:
         self.cfg, self.data, self.policy, self.engine = cfg, data, policy, engine
         self.sampler, self.reward, self.stage, self.dist = sampler, reward, stage, dist
         self.cache = PromptCache(cfg.train.prompt_cache_mb * 2**20)
+        self.render_root: Path | None = None  # set by the trainer: DIR/renders
+        self.step = 0  # the last finished step (the trainer keeps it current)
         self.errors: list[dict[str, Any]] = []  # reward failures of the current step
 
     def encode(self, sample: Sample) -> EncodedPrompt:
@@ -94,14 +104,27 @@ class Collector:
             return SamplingParams(1, e.temperature, r.top_p, r.top_k, max_new)
         return SamplingParams(r.n, r.temperature, r.top_p, r.top_k, r.max_new_tokens)
 
-    def score(self, samples: list[Sample], prompts: list[EncodedPrompt], groups) -> tuple[torch.Tensor, list]:
+    def score(
+        self,
+        samples: list[Sample],
+        prompts: list[EncodedPrompt],
+        groups,
+        render_dirs: list[Path | None] | None = None,
+    ) -> tuple[torch.Tensor, list]:
+        dirs = render_dirs or [None] * len(samples)
         inputs = [
             ri
-            for s, p, g in zip(samples, prompts, groups)
-            for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])
+            for s, p, g, d in zip(samples, prompts, groups, dirs)
+            for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g], d)
         ]
         results = self.reward(inputs)
         return torch.tensor([r.score for r in results], dtype=torch.float32).view(len(samples), -1), results
+
+    def render_dir(self, b: int) -> Path | None:
+        """Where group b's renders go (the groups that rollouts.jsonl logs), when ``train.keep_renders``."""
+        if not self.cfg.train.keep_renders or self.render_root is None or b >= ROLLOUTS_LOGGED:
+            return None
+        return self.render_root / f"step-{self.step + 1}" / str(b)
 
     def one_round(self, k: int) -> Collected:
         mine = self.dist.share(k)
@@ -116,7 +139,9 @@ class Collector:
         with self.stage("rollout"):
             groups_local = self.engine.generate(local, self.sampling_params())
         with self.stage("reward"):
-            rewards_local, results_local = self.score([samples[b] for b in mine], local, groups_local)
+            rewards_local, results_local = self.score(
+                [samples[b] for b in mine], local, groups_local, [self.render_dir(b) for b in mine]
+            )
             parts = self.dist.gather((groups_local, rewards_local, results_local))
         groups = [g for part in parts for g in part[0]]
         rewards = torch.cat([part[1] for part in parts])  # [k, G]

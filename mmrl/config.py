@@ -210,6 +210,11 @@ class TrainConfig:
     progress: bool = opt("show a rich progress bar", True)
     reward_workers: int = opt("worker processes for heavy (rendering) rewards", 2)
     reward_timeout_s: float = opt("per-item timeout of a heavy reward", 30.0)
+    keep_renders: bool = opt(
+        "rendering rewards keep what they rendered for the groups logged in rollouts.jsonl, under "
+        "DIR/renders/step-N/<group>-<response>/ (the report's gallery shows them)",
+        False,
+    )
     prompt_cache_mb: int = opt(
         "memory for encoded prompts (tensors and resized media), least recently used out", 1024
     )

@@ -33,7 +33,7 @@ from mmrl.algos import (
 )
 from mmrl.checkpoint import load_training_state, rng_state, save_checkpoint
 from mmrl.checks import check_config
-from mmrl.collect import Collected, Collector
+from mmrl.collect import ROLLOUTS_LOGGED, Collected, Collector
 from mmrl.config import Config, to_dict
 from mmrl.data import ensure_built, load_split
 from mmrl.distributed import Dist
@@ -114,6 +114,7 @@ class Trainer:
         self.collector = Collector(
             cfg, self.train_data, self.policy, self.engine, self.sampler, self.reward, self.stage, dist
         )
+        self.collector.render_root = self.out / "renders"
         self.validator = Validator(cfg, eval_data, self.collector)
         self._reward_counts: dict[str, int] = {}
         if dist.is_main:
@@ -149,6 +150,7 @@ class Trainer:
         with self._progress() as advance:
             while self.step < cfg.train.max_steps:
                 self.timings = {}
+                self.collector.step = self.step
                 got = self.collector.collect()  # timed inside: sample, encode, rollout, reward
                 with self.stage("old_logprobs"):
                     batch = self.make_batch(got)
@@ -324,7 +326,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         return self.validator()
 
-    def _write_rollouts(self, got: Collected, keep: int = 2) -> None:
+    def _write_rollouts(self, got: Collected, keep: int = ROLLOUTS_LOGGED) -> None:
         """Append the first ``keep`` groups of the step, each response with its reward and reward parts."""
         if not self.dist.is_main:
             return
