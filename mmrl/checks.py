@@ -147,9 +147,28 @@ def check_data(cfg: Config) -> None:
             )
 
 
+def check_model(cfg: Config) -> None:
+    """A local model folder must exist; a hub id is only usable when the hub is reachable (not offline)."""
+    import os
+
+    from mmrl.policy import resolve_model_path
+
+    path = cfg.model.path
+    if Path(resolve_model_path(path)).is_dir():
+        return
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+    looks_local = Path(path).is_absolute() or path.startswith((".", "~")) or path.count("/") != 1
+    if offline or looks_local:
+        raise ConfigError(
+            f"model.path not found: {path} (a local folder in HF format"
+            + (", or a hub id once HF_HUB_OFFLINE is unset)" if offline else ")")
+        )
+
+
 def check_config(cfg: Config) -> None:
     """All pre-flight checks, cheapest first; raises :class:`ConfigError` with one line."""
     check_rewards(cfg)
     check_numbers(cfg)
     check_data(cfg)
+    check_model(cfg)
     check_components(cfg)

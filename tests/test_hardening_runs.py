@@ -116,6 +116,7 @@ def test_wrong_reward_name_is_one_line_exit_2_before_torch(recipe, tmp_path):
         ("algo.loss_agg=token_mean", "did you mean 'token-mean'?"),
         ("algo.preset=mssrr", "unknown preset 'mssrr'; did you mean 'mssr'?"),
         ("rollout.engine=hff", "unknown rollout engine 'hff'"),
+        ("model.path=/nope/model", "model.path not found: /nope/model"),
     ],
 )
 def test_config_errors_are_one_line_before_any_model_loads(recipe, tmp_path, capsys, override, message):
