@@ -86,12 +86,13 @@ class Collector:
         reward: CompositeReward,
         stage: Callable[[str], AbstractContextManager],
         dist: Dist,
+        render_root: Path | None = None,
     ):
         self.cfg, self.data, self.policy, self.engine = cfg, data, policy, engine
         self.sampler, self.reward, self.stage, self.dist = sampler, reward, stage, dist
         self.cache = PromptCache(cfg.train.prompt_cache_mb * 2**20)
-        self.render_root: Path | None = None  # set by the trainer: DIR/renders
-        self.step = 0  # the last finished step (the trainer keeps it current)
+        self.render_root = render_root  # DIR/renders, for train.keep_renders
+        self.step = 0  # the step being collected
         self.errors: list[dict[str, Any]] = []  # reward failures of the current step
 
     def encode(self, sample: Sample) -> EncodedPrompt:
@@ -124,7 +125,7 @@ class Collector:
         """Where group b's renders go (the groups that rollouts.jsonl logs), when ``train.keep_renders``."""
         if not self.cfg.train.keep_renders or self.render_root is None or b >= ROLLOUTS_LOGGED:
             return None
-        return self.render_root / f"step-{self.step + 1}" / str(b)
+        return self.render_root / f"step-{self.step}" / str(b)
 
     def one_round(self, k: int) -> Collected:
         mine = self.dist.share(k)
@@ -150,10 +151,10 @@ class Collector:
         self.sampler.update(idx, rewards)
         return Collected(idx, samples, prompts, groups, rewards, results)
 
-    def collect(self) -> Collected:
-        """One step's batch of ``train.prompts_per_step`` groups (informative ones only under dynamic sampling)."""
+    def collect(self, step: int) -> Collected:
+        """Step ``step``'s batch of ``train.prompts_per_step`` groups (only informative ones under dynamic sampling)."""
         k, a = self.cfg.train.prompts_per_step, self.cfg.algo
-        self.errors = []
+        self.errors, self.step = [], step
         if not a.dynamic_sampling:
             got = self.one_round(k)
             got.stats = {"rollout/groups_generated": float(k), "rollout/sampling_rounds": 1.0}

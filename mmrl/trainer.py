@@ -112,9 +112,16 @@ class Trainer:
         self.updater = PolicyUpdate(cfg, self.policy, self.opt, self.sched, self._train_temperature(), dist)
         self.step, self.timings, self.last_kl = 0, {}, None
         self.collector = Collector(
-            cfg, self.train_data, self.policy, self.engine, self.sampler, self.reward, self.stage, dist
+            cfg,
+            self.train_data,
+            self.policy,
+            self.engine,
+            self.sampler,
+            self.reward,
+            self.stage,
+            dist,
+            render_root=self.out / "renders",
         )
-        self.collector.render_root = self.out / "renders"
         self.validator = Validator(cfg, eval_data, self.collector)
         self._reward_counts: dict[str, int] = {}
         if dist.is_main:
@@ -150,8 +157,7 @@ class Trainer:
         with self._progress() as advance:
             while self.step < cfg.train.max_steps:
                 self.timings = {}
-                self.collector.step = self.step
-                got = self.collector.collect()  # timed inside: sample, encode, rollout, reward
+                got = self.collector.collect(self.step + 1)  # timed inside: sample, encode, rollout, reward
                 with self.stage("old_logprobs"):
                     batch = self.make_batch(got)
                 with self.stage("ref_logprobs"):
@@ -164,9 +170,7 @@ class Trainer:
                     self.engine.sync_weights()
                 self.step += 1
                 metrics = {"step": self.step, **self.reward_stats(got), **update_stats, **adv_stats}
-                self.last_kl = (
-                    metrics["kl"] if cfg.algo.kl_coef > 0 else None
-                )  # MSSR's forgetting factor reads it
+                self.last_kl = metrics["kl"] if cfg.algo.kl_coef > 0 else None  # read by MSSR's forgetting
                 metrics |= self.rollout_stats(got) | got.stats | self.sampler.stats()
                 metrics |= self.maybe_evaluate() | self.throughput(got)
                 self.logger.log(metrics)
