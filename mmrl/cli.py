@@ -4,6 +4,7 @@ mmrl train CONFIG --output-dir DIR [--max-steps N] [--resume | --overwrite] [key
 mmrl sft CONFIG --output-dir DIR [key=value ...]
 mmrl eval --model PATH --benchmark NAME --data PATH --output-dir DIR [...]   (see ``mmrl eval --help``)
 mmrl compare DIR_A DIR_B
+mmrl report RUN_DIR
 mmrl list
 mmrl reward NAME ...            (see ``mmrl reward --help``)
 mmrl build-tiny [--out DIR] [--seed N]
@@ -13,7 +14,6 @@ mmrl info
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -44,7 +44,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(
             f"held-out accuracy: start {summary['start_accuracy']:.3f} -> final {summary['final_accuracy']:.3f}"
         )
-    print(f"report: {os.path.join(args.output_dir, 'report.md')}  plot: {summary['plot']}")
+    print(f"report: {summary['html']}  {summary['markdown']}  plot: {summary['plot']}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from mmrl.report import write_report
+
+    summary = write_report(args.run_dir, gallery_steps=args.steps)
+    print(f"report: {summary['html']}  {summary['markdown']}")
+    print(f"plots: {summary['plot']} {' '.join(summary['plots'])}")
     return 0
 
 
@@ -146,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(fn=_cmd_build_tiny)
     ls = sub.add_parser("list", help="registered presets, algorithms, losses, rewards, samplers and engines")
     ls.set_defaults(fn=_cmd_list)
+    r = sub.add_parser("report", help="plots, report.md and report.html (rollout gallery) of a run directory")
+    r.add_argument("run_dir")
+    r.add_argument("--steps", type=int, default=4, help="latest logged steps shown in the gallery")
+    r.set_defaults(fn=_cmd_report)
     i = sub.add_parser("info", help="versions, GPU, TeX and Chromium")
     i.set_defaults(fn=_cmd_info)
     reward_cli.add_parser(sub)

@@ -121,11 +121,15 @@ class Collector:
         results = self.reward(inputs)
         return torch.tensor([r.score for r in results], dtype=torch.float32).view(len(samples), -1), results
 
-    def render_dir(self, b: int) -> Path | None:
-        """Where group b's renders go (the groups that rollouts.jsonl logs), when ``train.keep_renders``."""
+    def render_dir(self, b: int, sample: Sample) -> Path | None:
+        """Where group b's renders go (``DIR/renders/step-N/<id>``, plus ``-j`` per response), when
+        ``train.keep_renders``: the first groups of each round, which are the ones rollouts.jsonl logs (under dynamic
+        sampling the logged groups may come from later rounds; keyed by id, a render never lands on another row)."""
         if not self.cfg.train.keep_renders or self.render_root is None or b >= ROLLOUTS_LOGGED:
             return None
-        return self.render_root / f"step-{self.step}" / str(b)
+        from mmrl.rewards.latex_table import render_stem
+
+        return self.render_root / f"step-{self.step}" / render_stem(sample.id)
 
     def one_round(self, k: int) -> Collected:
         mine = self.dist.share(k)
@@ -141,7 +145,10 @@ class Collector:
             groups_local = self.engine.generate(local, self.sampling_params())
         with self.stage("reward"):
             rewards_local, results_local = self.score(
-                [samples[b] for b in mine], local, groups_local, [self.render_dir(b) for b in mine]
+                [samples[b] for b in mine],
+                local,
+                groups_local,
+                [self.render_dir(b, samples[b]) for b in mine],
             )
             parts = self.dist.gather((groups_local, rewards_local, results_local))
         groups = [g for part in parts for g in part[0]]

@@ -49,9 +49,17 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     extra: list[dict[str, Any]] = []
     if not path.exists():
         return []
-    for line in path.read_text().splitlines():
+    lines = path.read_text().splitlines()
+    for n, line in enumerate(lines, 1):
         if line.strip():
-            r = json.loads(line)
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                if n == len(
+                    lines
+                ):  # a run still writing (or killed mid-line): the torn last row is not a row yet
+                    break
+                raise ValueError(f"{path}:{n}: not a JSON object") from None
             if "step" in r:
                 rows[int(r["step"])] = r
             else:

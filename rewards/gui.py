@@ -118,7 +118,7 @@ class _Target:
     text: str | None
 
 
-def _reference(ref: Any, sample_id: str) -> _Target:
+def parse_reference(ref: Any, sample_id: str) -> _Target:
     if isinstance(ref, str):
         ref = parse_literal(ref)
     if not isinstance(ref, dict) or not isinstance(ref.get("action"), str):
@@ -152,7 +152,7 @@ def _hit(xy: tuple[float, float], target: _Target, radius: float) -> bool:
 
 
 def score_action(x: RewardInput, scheme: str, point_radius: float, text_f1_threshold: float) -> RewardResult:
-    target = _reference(x.reference, x.id)
+    target = parse_reference(x.reference, x.id)
     pred = parse_action(x.response)
     pointing = target.action in POINTING_ACTIONS and (target.box or target.point) is not None
     if pred is None:

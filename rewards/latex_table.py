@@ -239,11 +239,16 @@ def latex_table(
     return out
 
 
+def render_stem(sample_id: str) -> str:
+    """The file-name stem of a sample's renders (also how the run report finds them)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", sample_id)[:100] or "sample"
+
+
 def save_renders(folder: Path, sample_id: str, pred: RenderResult, ref: RenderResult) -> None:
     """Keep the renders for a person to look at (``mmrl reward ... --render-dir DIR``): ``<id>-response.png`` and
     ``<id>-reference.png``, or ``<id>-response.error.txt`` saying why the response did not render."""
     folder.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", sample_id)[:100] or "sample"
+    stem = render_stem(sample_id)
     for name, r in (("response", pred), ("reference", ref)):
         if r.ok and r.image is not None:
             Image.fromarray((np.clip(r.image, 0.0, 1.0) * 255).round().astype(np.uint8)).save(

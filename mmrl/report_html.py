@@ -1,0 +1,279 @@
+"""The run report's HTML page: plots and a gallery of logged rollouts with what each reward saw.
+
+The page is one file with no script and no network access (a Content-Security-Policy forbids both): plots and kept
+renders are referenced relative to the run directory (they live there), input images and GUI overlays are embedded
+as data URIs (they are made here, or live outside the run). Model text is hostile input: the template escapes every
+value (jinja2 autoescape), and file names come from the run directory, never from the model.
+
+What the reward saw:
+- rendering rewards (``train.keep_renders``) keep ``renders/step-N/<id>-<j>/<id>-response.png`` next to
+  ``<id>-reference.png``, or ``<id>-response.error.txt`` with the reason the response did not render; they are shown
+  side by side, never re-rendered;
+- GUI answers (``rewards/gui.py`` references) get the predicted click drawn on the screenshot with the target box,
+  parsed and mapped back to original pixels by the reward's own functions; the model-input size is recomputed with
+  the policy's ``smart_resize`` from the run's ``model.min_pixels``/``max_pixels``, since rollouts.jsonl keeps no
+  sizes.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from PIL import Image, ImageDraw
+
+from mmrl.processors.geometry import smart_resize
+from mmrl.rewards.gui import POINTING_ACTIONS, parse_action, parse_reference, to_original
+from mmrl.rewards.latex_table import render_stem
+
+THUMB_SIDE = 384  # longest side of an embedded image, in CSS pixels
+TEXT_LIMIT = 4000  # characters of a response shown; the rest is cut with a note
+
+
+@dataclass
+class ResponseView:
+    index: int
+    text: str
+    cut: int  # characters left out
+    finish: str
+    reward: float | None
+    parts: dict[str, Any]
+    renders: list[tuple[str, str]] = field(default_factory=list)  # (caption, relative path)
+    render_errors: list[tuple[str, str]] = field(default_factory=list)  # (caption, message)
+    overlay: str | None = None  # data URI
+    overlay_caption: str = ""
+
+
+@dataclass
+class GroupView:
+    step: int
+    position: int
+    id: str
+    prompt: str
+    answer: str
+    images: list[tuple[str, str]]  # (data URI or "", caption)
+    responses: list[ResponseView]
+    mean_reward: float | None
+
+    @property
+    def shows_inputs_seen(self) -> bool:
+        """Whether any reward of the group left something to show (renders, render errors, a click)."""
+        return any(r.renders or r.render_errors or r.overlay for r in self.responses)
+
+
+def data_uri(img: Image.Image) -> str:
+    """A PNG data URI of ``img`` (thumbnails only: the page stays a few MB for a bounded gallery)."""
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _thumbnail(img: Image.Image) -> tuple[Image.Image, float]:
+    scale = min(1.0, THUMB_SIDE / max(img.size))
+    if scale < 1.0:
+        img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))))
+    return img.convert("RGB"), scale
+
+
+def _resolve(path: str, out: Path) -> Path | None:
+    """Image paths in rollouts.jsonl are as the trainer saw them: absolute, or relative to where it ran."""
+    p = Path(path)
+    for cand in (p, Path.cwd() / p, out / p, out.parent / p):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _open(path: str, out: Path) -> Image.Image | None:
+    found = _resolve(path, out)
+    if found is None:
+        return None
+    try:
+        with Image.open(found) as im:
+            return im.convert("RGB")
+    except (OSError, ValueError):
+        return None
+
+
+def _renders(out: Path, step: int, b: int, j: int, sample_id: str, view: ResponseView) -> None:
+    folder = out / "renders" / f"step-{step}" / f"{render_stem(sample_id)}-{j}"
+    stem = render_stem(sample_id)
+    for name, caption in (("response", "response render"), ("reference", "target render")):
+        png, err = folder / f"{stem}-{name}.png", folder / f"{stem}-{name}.error.txt"
+        if png.is_file():
+            view.renders.append((caption, png.relative_to(out).as_posix()))
+        elif err.is_file():
+            view.render_errors.append((f"{caption} failed", err.read_text(errors="replace")[:TEXT_LIMIT]))
+
+
+def _gui_target(answer: Any, sample_id: str):
+    if not isinstance(answer, (str, dict)):
+        return None
+    try:
+        return parse_reference(answer, sample_id)
+    except (ValueError, TypeError):
+        return None
+
+
+def _gui_overlay(screen: Image.Image, target, text: str, pixels: tuple[int, int]) -> tuple[str, str]:
+    """The screenshot with the target (green) and the predicted click mapped to original pixels (red)."""
+    w, h = screen.size
+    mh, mw = smart_resize(h, w, min_pixels=pixels[0], max_pixels=pixels[1])
+    mapper = to_original({"image_sizes": [[w, h]], "model_image_sizes": [[mw, mh]]})
+    thumb, s = _thumbnail(screen)
+    draw = ImageDraw.Draw(thumb)
+    if target.box is not None:
+        x1, y1, x2, y2 = (v * s for v in target.box)
+        draw.rectangle([x1, y1, x2, y2], outline=(0, 170, 0), width=3)
+    elif target.point is not None:
+        tx, ty = target.point[0] * s, target.point[1] * s
+        draw.ellipse([tx - 6, ty - 6, tx + 6, ty + 6], outline=(0, 170, 0), width=3)
+    pred = parse_action(text)
+    if pred is None:
+        return data_uri(thumb), "no action parsed from the answer"
+    caption = f"action {pred.action!r}, target {target.action!r}"
+    if pred.point is None:
+        return data_uri(thumb), caption + (", no point" if pred.action in POINTING_ACTIONS else "")
+    ox, oy = mapper(*pred.point)
+    px, py = ox * s, oy * s
+    draw.line([px - 9, py, px + 9, py], fill=(220, 0, 0), width=3)
+    draw.line([px, py - 9, px, py + 9], fill=(220, 0, 0), width=3)
+    draw.ellipse([px - 6, py - 6, px + 6, py + 6], outline=(220, 0, 0), width=2)
+    off = "" if 0 <= ox <= w and 0 <= oy <= h else " (off screen)"
+    caption += (
+        f"; click ({pred.point[0]:g}, {pred.point[1]:g}) in the {mw}x{mh} model input -> "
+        f"({ox:.0f}, {oy:.0f}) in the {w}x{h} screenshot{off}"
+    )
+    return data_uri(thumb), caption
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def group_view(row: dict[str, Any], position: int, out: Path, pixels: tuple[int, int]) -> GroupView:
+    """One logged group: its inputs, every response with its reward and parts, and what the reward saw."""
+    step, sid, answer = int(row.get("step", 0)), str(row.get("id", "?")), row.get("answer")
+    loaded = [(p, _open(str(p), out)) for p in row.get("images") or []]
+    images = [(data_uri(_thumbnail(im)[0]) if im else "", str(p)) for p, im in loaded]
+    target = _gui_target(answer, sid)
+    screen = loaded[0][1] if loaded else None
+    responses = []
+    for j, r in enumerate(row.get("responses") or []):
+        text = str(r.get("text", ""))
+        parts = r.get("parts") or {}
+        view = ResponseView(
+            index=j,
+            text=text[:TEXT_LIMIT],
+            cut=max(0, len(text) - TEXT_LIMIT),
+            finish=str(r.get("finish", "")),
+            reward=_number(r.get("reward")),
+            parts=parts if isinstance(parts, dict) else {},
+        )
+        _renders(out, step, position, j, sid, view)
+        if target is not None and screen is not None:
+            view.overlay, view.overlay_caption = _gui_overlay(screen, target, text, pixels)
+        responses.append(view)
+    scores = [v.reward for v in responses if v.reward is not None]
+    return GroupView(
+        step=step,
+        position=position,
+        id=sid,
+        prompt=str(row.get("prompt") or ""),
+        answer=answer if isinstance(answer, str) else json.dumps(answer),
+        images=images,
+        responses=responses,
+        mean_reward=sum(scores) / len(scores) if scores else None,
+    )
+
+
+def gallery(
+    rollouts: list[dict[str, Any]], out: Path, pixels: tuple[int, int], max_steps: int
+) -> list[GroupView]:
+    """The groups of the ``max_steps`` latest logged steps, latest first, in the order each step logged them;
+    ``pixels`` is the run's ``(model.min_pixels, model.max_pixels)``."""
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for row in rollouts:
+        by_step.setdefault(int(row.get("step", 0)), []).append(row)
+    views = []
+    for step in sorted(by_step, reverse=True)[:max_steps]:
+        views += [group_view(row, b, out, pixels) for b, row in enumerate(by_step[step])]
+    return views
+
+
+_TEMPLATE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy"
+ content="default-src 'none'; img-src data: file: 'self'; style-src 'unsafe-inline'">
+<title>mmrl report: {{ name }}</title>
+<style>
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; } td, th { border: 1px solid #ccc; padding: 2px 6px; vertical-align: top; }
+pre { white-space: pre-wrap; word-break: break-word; margin: 0; max-height: 24em; overflow: auto;
+      background: #f6f6f6; padding: 4px; }
+.plots img { max-width: 600px; margin: 4px; border: 1px solid #ddd; }
+.group { border: 1px solid #bbb; border-radius: 6px; padding: 10px; margin: 14px 0; }
+.inputs img { max-width: 384px; min-width: 112px; image-rendering: pixelated; border: 1px solid #ddd; }
+.saw img { max-width: 384px; border: 1px solid #ddd; margin-right: 6px; }
+.saw figure { display: inline-block; margin: 0 8px 4px 0; vertical-align: top; }
+.good { color: #070; } .bad { color: #a00; } .muted { color: #777; }
+</style></head><body>
+<h1>Run report: {{ name }}</h1>
+<table>{% for k, v in summary %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
+<h2>Curves</h2>
+<div class="plots">{% for p in plots %}<img src="{{ p }}" alt="{{ p }}">{% endfor %}
+{% if not plots %}<p class="muted">no metrics logged yet</p>{% endif %}</div>
+<h2>Sample rollouts</h2>
+<p class="muted">{{ groups|length }} logged groups of the {{ shown_steps }} latest logged steps (of {{ total_steps }}),
+latest first.</p>
+{% for g in groups %}<div class="group">
+<h3>step {{ g.step }} &middot; group {{ g.position }} &middot; {{ g.id }}
+{% if g.mean_reward is not none %}&middot; mean reward {{ "%.3f"|format(g.mean_reward) }}{% endif %}</h3>
+<div class="inputs">{% for uri, path in g.images %}{% if uri %}<img src="{{ uri }}" alt="input image"
+ title="{{ path }}">{% else %}<span class="bad">image not found: {{ path }}</span>{% endif %}{% endfor %}</div>
+<p><b>prompt</b></p><pre>{{ g.prompt }}</pre>
+<p><b>answer</b></p><pre>{{ g.answer }}</pre>
+<table><tr><th>#</th><th>reward</th><th>parts</th><th>response</th>
+{% if g.shows_inputs_seen %}<th>what the reward saw</th>{% endif %}</tr>
+{% for r in g.responses %}<tr>
+<td>{{ r.index }}</td>
+<td class="{{ 'good' if r.reward and r.reward > 0 else 'bad' }}">{{ "%.3f"|format(r.reward)
+ if r.reward is not none else "none" }}</td>
+<td>{% for k, v in r.parts.items() %}{{ k }}: {{ "%.3f"|format(v) if v is number else v }}<br>{% endfor %}</td>
+<td><pre>{{ r.text }}</pre>{% if r.cut %}<span class="muted">({{ r.cut }} more characters)</span>{% endif %}
+<span class="muted">finish: {{ r.finish }}</span></td>
+{% if g.shows_inputs_seen %}<td class="saw">{% for cap, src in r.renders %}<figure><img src="{{ src }}" alt="{{ cap }}">
+<figcaption>{{ cap }}</figcaption></figure>{% endfor %}
+{% for cap, msg in r.render_errors %}<p class="bad">{{ cap }}:</p><pre>{{ msg }}</pre>{% endfor %}
+{% if r.overlay %}<figure><img src="{{ r.overlay }}" alt="predicted click and target">
+<figcaption>{{ r.overlay_caption }}</figcaption></figure>{% endif %}</td>{% endif %}
+</tr>{% endfor %}</table></div>
+{% endfor %}
+{% if not groups %}<p class="muted">no rollouts logged yet (rollouts.jsonl is empty or missing)</p>{% endif %}
+</body></html>
+"""
+
+
+def render_page(
+    name: str,
+    summary: list[tuple[str, str]],
+    plots: list[str],
+    groups: list[GroupView],
+    shown_steps: int,
+    total_steps: int,
+) -> str:
+    """The page's HTML; every value is escaped by the template."""
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    return env.from_string(_TEMPLATE).render(
+        name=name,
+        summary=summary,
+        plots=plots,
+        groups=groups,
+        shown_steps=shown_steps,
+        total_steps=total_steps,
+    )

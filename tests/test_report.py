@@ -1,0 +1,254 @@
+"""`mmrl report RUN_DIR`: plots, report.md and a self-contained report.html whose gallery a real browser renders.
+
+Two run directories: one written by a real 2-step shapes run of the tiny model, and a synthetic one with a kept
+LaTeX render (and a render failure) and a GUI answer, whose page is opened in headless Chromium.
+"""
+
+import base64
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageDraw
+
+from mmrl.cli import main
+from mmrl.recipes.shapes.data import build
+from mmrl.report import read_jsonl, write_report
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE = "<script>alert(1)</script><img src=x onerror=alert(2)> & </pre>"
+
+
+def _browser_check(html: Path, shot: Path) -> dict:
+    """Open the page in headless Chromium (no network), screenshot it, and count the images that decoded."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1300, "height": 900})
+        requests: list[str] = []
+        page.on("request", lambda r: requests.append(r.url))
+        dialogs: list[str] = []
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        page.goto(html.as_uri(), wait_until="load")
+        imgs = page.eval_on_selector_all(
+            "img", "els => els.map(e => [e.getAttribute('alt'), e.complete && e.naturalWidth > 0])"
+        )
+        text = page.inner_text("body")
+        scripts = page.eval_on_selector_all("script", "els => els.length")
+        page.screenshot(path=str(shot), full_page=True)
+        browser.close()
+    return {"imgs": imgs, "text": text, "requests": requests, "dialogs": dialogs, "scripts": scripts}
+
+
+@pytest.mark.chromium
+def test_report_of_a_real_tiny_shapes_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    data = tmp_path / "data"
+    build(data, n_train=48, n_eval=8, n_sft=0, seed=3)
+    run = tmp_path / "run"
+    args = [
+        "train",
+        str(ROOT / "recipes/shapes/tiny.yaml"),
+        "--output-dir",
+        str(run),
+        "--max-steps",
+        "2",
+        f"data.train={data / 'train.jsonl'}",
+        f"data.eval={data / 'eval.jsonl'}",
+        "train.prompts_per_step=4",
+        "rollout.n=4",
+        "eval.max_samples=8",
+        "eval.every=1",
+        "train.progress=false",
+        "train.save_every=0",
+    ]
+    assert main(args) == 0
+    assert f"report: {run / 'report.html'}" in capsys.readouterr().out
+    (run / "report.html").unlink()
+    assert main(["report", str(run)]) == 0
+    printed = capsys.readouterr().out
+    assert str(run / "report.html") in printed
+    for name in ("reward", "kl", "entropy", "response_length", "groups_with_signal", "eval_accuracy"):
+        assert (run / "plots" / f"{name}.png").stat().st_size > 5000, name
+        assert f"plots/{name}.png" in printed
+    md = (run / "report.md").read_text()
+    assert "| start_accuracy |" in md and "(plots/eval_accuracy.png)" in md
+    rows = read_jsonl(run / "rollouts.jsonl")
+    assert {r["step"] for r in rows} == {1, 2}
+    html = (run / "report.html").read_text()
+    assert html.count('<div class="group">') == len(rows)  # both steps, every logged group
+    assert html.index("step 2 &middot;") < html.index("step 1 &middot;")  # latest first
+    got = _browser_check(run / "report.html", tmp_path / "shapes.png")
+    inputs = [ok for alt, ok in got["imgs"] if alt == "input image"]
+    assert len(inputs) == len(rows) and all(inputs)
+    assert all(ok for _, ok in got["imgs"]), got["imgs"]  # the plots, referenced relative to the run dir
+    assert rows[0]["prompt"].split("\n")[-1][:20] in got["text"]
+    assert all(u.startswith(("file://", "data:")) for u in got["requests"])  # nothing from the network
+
+
+def _synthetic_run(tmp_path: Path) -> Path:
+    run = tmp_path / "synth"
+    run.mkdir()
+    config = {"model": {"path": "x", "min_pixels": 3136, "max_pixels": 256 * 28 * 28}, "rewards": []}
+    (run / "config.json").write_text(json.dumps(config))
+    metrics = [
+        {"step": 0, "eval/accuracy": 0.25, "eval/accuracy/easy": 0.5, "eval/accuracy/hard": 0.0},
+        *[
+            {
+                "step": s,
+                "reward/mean": 0.1 * s,
+                "reward/latex_table": 0.1 * s,
+                "reward/latex_table/teds_s": 0.05 * s,
+                "reward/latex_table/compile": 1.0,
+                "kl": 0.01 * s,
+                "entropy": 1.0 - 0.05 * s,
+                "response_length/mean": 30.0 + s,
+                "rollout/groups_with_signal": 0.5,
+                "time/update": 1.0,
+            }
+            for s in range(1, 4)
+        ],
+    ]
+    metrics[-1] |= {"eval/accuracy": 0.75, "eval/accuracy/easy": 1.0, "eval/accuracy/hard": 0.5}
+    lines = [json.dumps(m) for m in metrics]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 4, "reward/me')  # a row being written
+    table = tmp_path / "table.png"
+    Image.new("RGB", (200, 80), (250, 250, 250)).save(table)
+    screen = tmp_path / "screen.png"
+    img = Image.new("RGB", (1000, 500), (235, 235, 240))
+    ImageDraw.Draw(img).rectangle([450, 200, 550, 300], fill=(60, 120, 220))
+    img.save(screen)
+    latex = {
+        "step": 3,
+        "id": "tbl/0",
+        "prompt": "Write the LaTeX of this table.",
+        "images": [str(table)],
+        "answer": "\\begin{tabular}{cc}a&b\\end{tabular}",
+        "responses": [
+            {
+                "text": "\\begin{tabular}{cc}a&b\\end{tabular}",
+                "finish": "stop",
+                "reward": 1.0,
+                "parts": {"latex_table": 1.0, "latex_table/teds_s": 1.0},
+            },
+            {"text": HOSTILE, "finish": "length", "reward": 0.0, "parts": {"latex_table": 0.0}},
+        ],
+    }
+    gui = {
+        "step": 3,
+        "id": "gui-7",
+        "prompt": "Tap the blue button.",
+        "images": [str(screen)],
+        "answer": json.dumps({"action": "click", "bbox": [450, 200, 550, 300]}),
+        "responses": [
+            # 616x308 is what the policy saw (smart_resize of 1000x500 under 200704 px): (308, 154) is the box centre
+            {
+                "text": "<think>blue</think><answer>[{'action': 'click', 'coordinate': [308, 154]}]</answer>",
+                "finish": "stop",
+                "reward": 3.0,
+                "parts": {"gui_action/coord": 1.0},
+            },
+            {"text": "<answer>" + HOSTILE + "</answer>", "finish": "stop", "reward": 0.0, "parts": {}},
+        ],
+    }
+    older = {**latex, "step": 1, "id": "tbl/old"}
+    (run / "rollouts.jsonl").write_text("\n".join(json.dumps(r) for r in (older, latex, gui)) + "\n")
+    kept = run / "renders" / "step-3" / "tbl_0-0"  # renders/step-N/<id stem>-<response>
+    kept.mkdir(parents=True)
+    Image.new("RGB", (180, 60), (255, 255, 255)).save(kept / "tbl_0-response.png")
+    Image.new("RGB", (180, 60), (240, 255, 240)).save(kept / "tbl_0-reference.png")
+    failed = run / "renders" / "step-3" / "tbl_0-1"
+    failed.mkdir(parents=True)
+    (failed / "tbl_0-response.error.txt").write_text("! Undefined control sequence " + HOSTILE)
+    Image.new("RGB", (180, 60), (240, 255, 240)).save(failed / "tbl_0-reference.png")
+    return run
+
+
+def _decode(uri: str) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).convert("RGB")
+
+
+@pytest.mark.chromium
+def test_gallery_shows_latex_renders_and_gui_clicks_in_a_browser(tmp_path):
+    run = _synthetic_run(tmp_path)
+    summary = write_report(run, gallery_steps=1)
+    assert summary["start_accuracy"] == 0.25 and summary["final_accuracy"] == 0.75
+    assert summary["steps"] == 3  # the torn step-4 line is left out
+    assert (run / "plots" / "reward_latex_table.png").exists()
+    html = (run / "report.html").read_text()
+    assert "<script" not in html and "onerror=alert" not in html.replace("onerror=alert(2)&gt;", "")
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "tbl/old" not in html  # gallery_steps=1: only the latest logged step
+    overlays = re.findall(r'<img src="(data:image/png;base64,[^"]+)" alt="predicted click and target"', html)
+    assert len(overlays) == 2
+    click = _decode(
+        overlays[0]
+    )  # 1000x500 screenshot shown at 384x192: the click maps to (500, 250) -> (192, 96)
+    assert click.size == (384, 192)
+    r, g, b = click.getpixel((192 + 7, 96))
+    assert r > 180 and g < 60 and b < 60, (r, g, b)  # the red crosshair at the mapped point
+    r, g, b = click.getpixel((round(450 * 0.384) + 1, 96))
+    assert g > 140 and r < 60, (r, g, b)  # the green target box edge
+    assert "(500, 250) in the 1000x500 screenshot" in html
+    assert "no action parsed from the answer" in html
+
+    got = _browser_check(run / "report.html", tmp_path / "synth.png")
+    alts = [alt for alt, ok in got["imgs"] if ok]
+    assert len(alts) == len(got["imgs"]), got["imgs"]
+    assert alts.count("response render") == 1 and alts.count("target render") == 2
+    assert alts.count("predicted click and target") == 2 and alts.count("input image") == 2
+    assert "response render failed" in got["text"] and "Undefined control sequence" in got["text"]
+    assert HOSTILE in got["text"]  # shown as text, never run
+    assert got["dialogs"] == [] and got["scripts"] == 0
+    assert all(u.startswith(("file://", "data:")) for u in got["requests"])
+
+
+def test_report_tolerates_an_empty_run_and_names_a_wrong_directory(tmp_path, capsys):
+    run = tmp_path / "starting"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0, "eval/accu')
+    summary = write_report(run)
+    assert summary["steps"] == 0 and summary["plots"] == []
+    assert "no rollouts logged yet" in (run / "report.html").read_text()
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+    (run / "metrics.jsonl").write_text('{"step": 0}\n{broken\n{"step": 1}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl:2: not a JSON object"):
+        write_report(run)
+
+
+def test_training_keeps_renders_where_the_gallery_finds_them(tmp_path):
+    """train.keep_renders: the latex_table reward saves what it rendered for the logged groups, keyed by sample id,
+    and the report's gallery shows those files (no re-rendering)."""
+    from mmrl.cli import main
+    from mmrl.recipes.shapes.data import build
+
+    build(tmp_path / "data", n_train=2, n_eval=2, seed=3)
+    table = r"\begin{tabular}{cc}a & b \\ 1 & 2\end{tabular}"
+    records = [json.loads(x) for x in (tmp_path / "data" / "train.jsonl").read_text().splitlines()]
+    with (tmp_path / "data" / "tables.jsonl").open("w") as f:
+        for r in records:  # the shapes images, with a LaTeX table as the reference
+            f.write(json.dumps({**r, "answer": table}) + "\n")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f"""
+model: {{path: {ROOT / "assets" / "tiny-qwen2.5-vl"}, min_pixels: 3136, max_pixels: 3136}}
+data: {{train: data/tables.jsonl}}
+rollout: {{n: 2, max_new_tokens: 4, batch_size: 8}}
+rewards: [{{name: latex_table}}]
+train: {{prompts_per_step: 2, progress: false, keep_renders: true, reward_workers: 1}}
+"""
+    )
+    out = tmp_path / "run"
+    assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "1"]) == 0
+    rows = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    for row in rows:
+        for j in range(2):
+            folder = out / "renders" / "step-1" / f"{row['id']}-{j}"
+            kept = sorted(p.name for p in folder.iterdir())
+            assert any(n.startswith(f"{row['id']}-response") for n in kept), kept
+    html = (out / "report.html").read_text()
+    assert f"renders/step-1/{rows[0]['id']}-0/" in html or "response render failed" in html
