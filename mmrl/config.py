@@ -360,8 +360,15 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError(f"{p}: the top level must be a mapping")
         base = p.resolve().parent
         data = _resolve_paths(data, base)
-    data = apply_overrides(data, list(overrides or []))
-    return from_dict(Config, apply_preset(data))
+    overrides = list(overrides or [])
+    data = apply_preset(data, on_top=False)  # a recipe's preset lies under the recipe's own fields
+    cli_preset = [o for o in overrides if o.split("=", 1)[0] == "algo.preset"]
+    if (
+        cli_preset
+    ):  # a preset named on the command line overrides the recipe; later key=value overrides it in turn
+        data = apply_preset(apply_overrides(data, cli_preset[-1:]), on_top=True)
+    data = apply_overrides(data, [o for o in overrides if o not in cli_preset])
+    return from_dict(Config, data)
 
 
 def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -371,9 +378,9 @@ def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def apply_preset(data: dict[str, Any]) -> dict[str, Any]:
-    """``algo.preset: NAME`` lays the preset's fields under the recipe's: anything the recipe or the command line
-    sets still wins."""
+def apply_preset(data: dict[str, Any], *, on_top: bool) -> dict[str, Any]:
+    """Apply ``algo.preset: NAME``. In a recipe the preset lies under the recipe's fields (``on_top=False``); named on
+    the command line it lies over them (``on_top=True``). Other command-line overrides always win."""
     name = data.get("algo", {}).get("preset") if isinstance(data.get("algo"), dict) else None
     if name is None:
         return data
@@ -383,7 +390,7 @@ def apply_preset(data: dict[str, Any]) -> dict[str, Any]:
         near = difflib.get_close_matches(str(name), list(PRESETS), n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
         raise ConfigError(f"algo.preset: unknown preset {name!r}{hint} (known: {', '.join(sorted(PRESETS))})")
-    return _deep_merge(PRESETS[name], data)
+    return _deep_merge(data, PRESETS[name]) if on_top else _deep_merge(PRESETS[name], data)
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> dict[str, Any]:

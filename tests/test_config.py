@@ -38,3 +38,25 @@ def test_overrides_and_reward_list(tmp_path):
 def test_recipe_configs_load():
     for name in ("tiny.yaml", "sft.yaml"):
         load_config(f"recipes/shapes/{name}")
+
+
+def test_preset_precedence(tmp_path):
+    """A recipe's preset lies under the recipe's fields; a command-line preset lies over them; other command-line
+    overrides win over both."""
+    from mmrl.config import load_config
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("algo: {advantage: grpo, clip_high: 0.25}\nrollout: {n: 8}\n")
+    cli = load_config(recipe, ["algo.preset=mssr"])
+    assert (cli.algo.advantage, cli.rollout.n, cli.algo.clip_high, cli.algo.kl_coef) == ("mssr", 1, 0.3, 0.01)
+    later = load_config(recipe, ["rollout.n=2", "algo.preset=dapo", "algo.clip_high=0.5"])
+    assert (later.algo.advantage, later.rollout.n, later.algo.clip_high, later.algo.dynamic_sampling) == (
+        "grpo",
+        2,
+        0.5,
+        True,
+    )
+    inside = tmp_path / "p.yaml"
+    inside.write_text("algo: {preset: mssr, clip_high: 0.25}\n")
+    rec = load_config(inside)
+    assert (rec.algo.advantage, rec.algo.clip_high, rec.rollout.n) == ("mssr", 0.25, 1)
