@@ -18,8 +18,8 @@ backward correction for noisy verifiers (ALGORITHMS.md §1 and §4).
 - The answer-checking rewards (math_verify, mc_letter, exact_match, and the GUI and pathology rewards) do not apply
   (score None) to a sample whose reference is None, so a composite over mixed data scores each sample only with the
   rewards that fit it.
-- :func:`noisy_correct`: the backward correction R' = (R - r0) / (1 - r0 - r1) for a verifier with false-positive
-  rate r0 and false-negative rate r1 (unbiased in expectation; it can leave [0, 1]).
+- Noisy-verifier corrections of rewards live with the trainer's algorithms (``algo.reward_correction``,
+  :mod:`mmrl.algos.corrections`).
 """
 
 from __future__ import annotations
@@ -137,22 +137,10 @@ def overlong_penalty(
     return out
 
 
-def noisy_correct(score: float, r0: float, r1: float) -> float:
-    """Backward correction of a binary verifier's reward: (R - r0) / (1 - r0 - r1), ALGORITHMS.md §4.
-
-    r0 = P(verifier says 1 | wrong), r1 = P(verifier says 0 | right); needs r0 + r1 < 1. E[R'] equals the true
-    reward's expectation.
-    """
-    if not (0 <= r0 < 1 and 0 <= r1 < 1 and r0 + r1 < 1):
-        raise ValueError(f"noisy_correct needs 0 <= r0, r1 and r0 + r1 < 1, got r0={r0}, r1={r1}")
-    return (score - r0) / (1 - r0 - r1)
-
-
 __all__ = [
     "exact_match",
     "format_think_answer",
     "math_verify",
     "mc_letter",
-    "noisy_correct",
     "overlong_penalty",
 ]

@@ -10,7 +10,6 @@ from mmrl.rewards.general import (
     format_think_answer,
     math_verify,
     mc_letter,
-    noisy_correct,
     overlong_penalty,
 )
 from mmrl.types import RewardInput
@@ -145,16 +144,3 @@ def test_overlong_penalty():
     assert [(r.score, r.parts["length"]) for r in out] == [(-0.75, 95.0), (-0.25, 85.0)]
     with pytest.raises(ValueError, match="need 0 < buffer <= max_length"):
         overlong_penalty(words, max_length=10, buffer=20)
-
-
-def test_noisy_correct_is_unbiased():
-    r0, r1 = 0.1, 0.2
-    assert noisy_correct(1.0, r0, r1) == pytest.approx(0.9 / 0.7)
-    assert noisy_correct(0.0, r0, r1) == pytest.approx(-0.1 / 0.7)
-    p = 0.6  # true success rate; the verifier reports 1 with probability p(1 - r1) + (1 - p) r0
-    observed = p * (1 - r1) + (1 - p) * r0
-    expected = observed * noisy_correct(1.0, r0, r1) + (1 - observed) * noisy_correct(0.0, r0, r1)
-    assert expected == pytest.approx(p)
-    assert noisy_correct(0.7, 0.0, 0.0) == 0.7
-    with pytest.raises(ValueError, match="r0 \\+ r1 < 1"):
-        noisy_correct(1.0, 0.6, 0.5)
