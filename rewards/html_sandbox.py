@@ -167,20 +167,34 @@ class HtmlRenderer:
         self._limit_processes()
 
     def _limit_processes(self) -> None:
-        """rlimits on the browser's processes (see module docstring); children started later inherit them."""
+        """rlimits on the browser's processes (see module docstring); children started later inherit them. A child
+        forked while the list was being taken (before its parent had the limits) is caught by the next pass: passes
+        repeat until every process has them."""
         import psutil
 
         data = self.memory_limit_mb << 20
-        for root in self._browser_procs:
-            for p in [root, *root.children(recursive=True)]:
+        for _ in range(20):
+            missed = 0
+            for root in self._browser_procs:
                 try:
-                    p.rlimit(psutil.RLIMIT_DATA, (data, data))
-                    p.rlimit(psutil.RLIMIT_CORE, (0, 0))
-                    p.rlimit(psutil.RLIMIT_FSIZE, (256 << 20, 256 << 20))
-                    if "--type=zygote" in p.cmdline():
-                        p.rlimit(psutil.RLIMIT_CPU, (self.renderer_cpu_s, self.renderer_cpu_s + 1))
+                    procs = [root, *root.children(recursive=True)]
                 except psutil.NoSuchProcess:
                     continue
+                for p in procs:
+                    try:
+                        if p.rlimit(psutil.RLIMIT_DATA) == (data, data):
+                            continue
+                        missed += 1
+                        p.rlimit(psutil.RLIMIT_DATA, (data, data))
+                        p.rlimit(psutil.RLIMIT_CORE, (0, 0))
+                        p.rlimit(psutil.RLIMIT_FSIZE, (256 << 20, 256 << 20))
+                        if "--type=zygote" in p.cmdline():
+                            p.rlimit(psutil.RLIMIT_CPU, (self.renderer_cpu_s, self.renderer_cpu_s + 1))
+                    except psutil.NoSuchProcess:
+                        continue
+            if not missed:
+                return
+            time.sleep(0.05)
 
     def _relaunch(self) -> None:
         self.close()
