@@ -101,19 +101,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "rollout": {"n": 1},
     },
-    "spo": {
-        "algo": {
-            "advantage": "spo",
-            "advantage_options": {"rho": "global", "rho_rule": "paper", "target_kl": 0.01, "window": 10},
-            "loss": "clipped",
-            "loss_agg": "token-mean",
-            "clip_low": 0.2,
-            "clip_high": 0.3,
-            "dual_clip": 3.0,
-            "kl_coef": 0.01,
-            "kl_estimator": "k3",
-            "kl_in": "loss",
-        },
-        "rollout": {"n": 1},
+}
+
+# spo is mssr without the entropy shaping: the same tracker, forgetting rule and loss (the paper's ablation)
+_mssr_algo = PRESETS["mssr"]["algo"]
+PRESETS["spo"] = {
+    "algo": {
+        **_mssr_algo,
+        "advantage": "spo",
+        "advantage_options": {k: v for k, v in _mssr_algo["advantage_options"].items() if k != "entropy"},
     },
+    "rollout": dict(PRESETS["mssr"]["rollout"]),
 }
