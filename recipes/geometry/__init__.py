@@ -1,0 +1,1 @@
+"""The geometry recipe (see README.md)."""

@@ -1,0 +1,1 @@
+"""The pathology recipe (see README.md)."""

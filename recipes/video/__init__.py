@@ -1,0 +1,1 @@
+"""The video recipe (see README.md)."""
