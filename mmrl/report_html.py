@@ -9,22 +9,29 @@ What the reward saw:
 - rendering rewards (``train.keep_renders``) keep ``renders/step-N/<id>-<j>/<id>-response.png`` next to
   ``<id>-reference.png``, or ``<id>-response.error.txt`` with the reason the response did not render; they are shown
   side by side, never re-rendered;
-- GUI answers (``rewards/gui.py`` references) get the predicted click drawn on the screenshot with the target box,
-  parsed and mapped back to original pixels by the reward's own functions; the model-input size is recomputed with
-  the policy's ``smart_resize`` from the run's ``model.min_pixels``/``max_pixels``, since rollouts.jsonl keeps no
-  sizes.
+- rewards that judge a place in the image have an overlay (``OVERLAYS``, by reward name, for the rewards the run
+  used): ``gui_action`` draws the predicted click on the screenshot with the target box, ``pathology`` the predicted
+  region over the tissue with the target region; each parses and maps coordinates with its reward's own functions,
+  and the model-input size is recomputed with the policy's ``smart_resize`` from the run's
+  ``model.min_pixels``/``max_pixels``, since rollouts.jsonl keeps no sizes. A new reward adds its overlay with one
+  line here: ``"name": "module:function"``, the function taking ``(image, answer, sample_id, response, pixels)``
+  and returning ``(image, caption)`` or None;
+- videos are shown as key frames (``KEY_FRAMES`` of them, evenly spaced, read by the project's video processor).
 """
 
 from __future__ import annotations
 
 import base64
+import importlib
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import numpy as np
 from PIL import Image, ImageDraw
 
 from mmrl.processors.geometry import smart_resize
@@ -32,6 +39,12 @@ from mmrl.rewards.gui import POINTING_ACTIONS, parse_action, parse_reference, to
 from mmrl.rewards.latex_table import render_stem
 
 THUMB_SIDE = 384  # longest side of an embedded image, in CSS pixels
+KEY_FRAMES = 4  # frames shown per video
+OVERLAYS = {  # reward name -> "module:function" drawing what the reward judged on the input image
+    "gui_action": "mmrl.report_html:gui_overlay",
+    "pathology": "mmrl.recipes.pathology.view:overlay",
+}
+Overlay = Callable[[Image.Image, Any, str, str, tuple[int, int]], "tuple[Image.Image, str] | None"]
 TEXT_LIMIT = 4000  # characters of a response shown; the rest is cut with a note
 
 
@@ -111,17 +124,17 @@ def _renders(out: Path, step: int, b: int, j: int, sample_id: str, view: Respons
             view.render_errors.append((f"{caption} failed", err.read_text(errors="replace")[:TEXT_LIMIT]))
 
 
-def _gui_target(answer: Any, sample_id: str):
+def gui_overlay(
+    screen: Image.Image, answer: Any, sample_id: str, text: str, pixels: tuple[int, int]
+) -> tuple[Image.Image, str] | None:
+    """The screenshot with the target (green) and the predicted click mapped to original pixels (red); None when
+    the answer is not a GUI action."""
     if not isinstance(answer, (str, dict)):
         return None
     try:
-        return parse_reference(answer, sample_id)
+        target = parse_reference(answer, sample_id)
     except (ValueError, TypeError):
         return None
-
-
-def _gui_overlay(screen: Image.Image, target, text: str, pixels: tuple[int, int]) -> tuple[str, str]:
-    """The screenshot with the target (green) and the predicted click mapped to original pixels (red)."""
     w, h = screen.size
     mh, mw = smart_resize(h, w, min_pixels=pixels[0], max_pixels=pixels[1])
     mapper = to_original({"image_sizes": [[w, h]], "model_image_sizes": [[mw, mh]]})
@@ -135,10 +148,10 @@ def _gui_overlay(screen: Image.Image, target, text: str, pixels: tuple[int, int]
         draw.ellipse([tx - 6, ty - 6, tx + 6, ty + 6], outline=(0, 170, 0), width=3)
     pred = parse_action(text)
     if pred is None:
-        return data_uri(thumb), "no action parsed from the answer"
+        return thumb, "no action parsed from the answer"
     caption = f"action {pred.action!r}, target {target.action!r}"
     if pred.point is None:
-        return data_uri(thumb), caption + (", no point" if pred.action in POINTING_ACTIONS else "")
+        return thumb, caption + (", no point" if pred.action in POINTING_ACTIONS else "")
     ox, oy = mapper(*pred.point)
     px, py = ox * s, oy * s
     draw.line([px - 9, py, px + 9, py], fill=(220, 0, 0), width=3)
@@ -149,19 +162,53 @@ def _gui_overlay(screen: Image.Image, target, text: str, pixels: tuple[int, int]
         f"; click ({pred.point[0]:g}, {pred.point[1]:g}) in the {mw}x{mh} model input -> "
         f"({ox:.0f}, {oy:.0f}) in the {w}x{h} screenshot{off}"
     )
-    return data_uri(thumb), caption
+    return thumb, caption
+
+
+def overlays(reward_names: list[str]) -> list[Overlay]:
+    """The overlay functions of the rewards a run used (``OVERLAYS``), imported on demand."""
+    out = []
+    for name in dict.fromkeys(reward_names):
+        if name in OVERLAYS:
+            module, _, fn = OVERLAYS[name].partition(":")
+            out.append(getattr(importlib.import_module(module), fn))
+    return out
+
+
+def _key_frames(path: str, out: Path) -> list[tuple[str, str]]:
+    """``KEY_FRAMES`` evenly spaced frames of a video as (data URI, caption), or one ("", message) entry saying why
+    there are none."""
+    from mmrl.processors.video import load_video
+
+    found = _resolve(path, out)
+    if found is None:
+        return [("", f"video not found: {path}")]
+    try:
+        video = load_video(found, fps=1000.0, min_frames=2, max_frames=64)
+    except Exception as e:  # an unreadable video is reported on the page, never fatal to the report
+        return [("", f"video {path} unreadable: {e}")]
+    frames = video.frames  # [T, H, W, 3] uint8
+    pick = sorted({round(i) for i in np.linspace(0, len(frames) - 1, min(KEY_FRAMES, len(frames)))})
+    return [
+        (data_uri(_thumbnail(Image.fromarray(frames[i]))[0]), f"{path} frame {video.frame_indices[i]}")
+        for i in pick
+    ]
 
 
 def _number(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def group_view(row: dict[str, Any], position: int, out: Path, pixels: tuple[int, int]) -> GroupView:
-    """One logged group: its inputs, every response with its reward and parts, and what the reward saw."""
+def group_view(
+    row: dict[str, Any], position: int, out: Path, pixels: tuple[int, int], draw: list[Overlay] | None = None
+) -> GroupView:
+    """One logged group: its inputs, every response with its reward and parts, and what the reward saw (``draw``:
+    the overlays of the run's rewards, see :func:`overlays`)."""
     step, sid, answer = int(row.get("step", 0)), str(row.get("id", "?")), row.get("answer")
     loaded = [(p, _open(str(p), out)) for p in row.get("images") or []]
     images = [(data_uri(_thumbnail(im)[0]) if im else "", str(p)) for p, im in loaded]
-    target = _gui_target(answer, sid)
+    for v in row.get("videos") or []:
+        images += _key_frames(str(v), out)
     screen = loaded[0][1] if loaded else None
     responses = []
     for j, r in enumerate(row.get("responses") or []):
@@ -176,8 +223,11 @@ def group_view(row: dict[str, Any], position: int, out: Path, pixels: tuple[int,
             parts=parts if isinstance(parts, dict) else {},
         )
         _renders(out, step, position, j, sid, view)
-        if target is not None and screen is not None:
-            view.overlay, view.overlay_caption = _gui_overlay(screen, target, text, pixels)
+        for fn in (draw or []) if screen is not None else []:
+            shown = fn(screen, answer, sid, text, pixels)
+            if shown is not None:
+                view.overlay, view.overlay_caption = data_uri(_thumbnail(shown[0])[0]), shown[1]
+                break
         responses.append(view)
     scores = [v.reward for v in responses if v.reward is not None]
     return GroupView(
@@ -193,16 +243,22 @@ def group_view(row: dict[str, Any], position: int, out: Path, pixels: tuple[int,
 
 
 def gallery(
-    rollouts: list[dict[str, Any]], out: Path, pixels: tuple[int, int], max_steps: int
+    rollouts: list[dict[str, Any]],
+    out: Path,
+    pixels: tuple[int, int],
+    max_steps: int,
+    reward_names: list[str] | None = None,
 ) -> list[GroupView]:
     """The groups of the ``max_steps`` latest logged steps, latest first, in the order each step logged them;
-    ``pixels`` is the run's ``(model.min_pixels, model.max_pixels)``."""
+    ``pixels`` is the run's ``(model.min_pixels, model.max_pixels)``; ``reward_names`` the run's rewards (their
+    overlays are drawn; None: the GUI one, whose references say whether they apply)."""
+    draw = overlays(reward_names if reward_names is not None else ["gui_action"])
     by_step: dict[int, list[dict[str, Any]]] = {}
     for row in rollouts:
         by_step.setdefault(int(row.get("step", 0)), []).append(row)
     views = []
     for step in sorted(by_step, reverse=True)[:max_steps]:
-        views += [group_view(row, b, out, pixels) for b, row in enumerate(by_step[step])]
+        views += [group_view(row, b, out, pixels, draw) for b, row in enumerate(by_step[step])]
     return views
 
 
@@ -250,7 +306,7 @@ latest first.</p>
 {% if g.shows_inputs_seen %}<td class="saw">{% for cap, src in r.renders %}<figure><img src="{{ src }}" alt="{{ cap }}">
 <figcaption>{{ cap }}</figcaption></figure>{% endfor %}
 {% for cap, msg in r.render_errors %}<p class="bad">{{ cap }}:</p><pre>{{ msg }}</pre>{% endfor %}
-{% if r.overlay %}<figure><img src="{{ r.overlay }}" alt="predicted click and target">
+{% if r.overlay %}<figure><img src="{{ r.overlay }}" alt="prediction and target drawn on the input">
 <figcaption>{{ r.overlay_caption }}</figcaption></figure>{% endif %}</td>{% endif %}
 </tr>{% endfor %}</table></div>
 {% endfor %}

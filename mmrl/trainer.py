@@ -343,6 +343,7 @@ class Trainer:
                     "id": s.id,
                     "prompt": s.prompt_text,
                     "images": [str(x) for x in s.images],
+                    "videos": [str(x) for x in s.videos],
                     "answer": s.answer,
                     "responses": [
                         {"text": c.text, "finish": c.finish_reason, "reward": r.score, "parts": r.parts}

@@ -92,7 +92,10 @@ def test_report_of_a_real_tiny_shapes_run(tmp_path, capsys, monkeypatch):
 def _synthetic_run(tmp_path: Path) -> Path:
     run = tmp_path / "synth"
     run.mkdir()
-    config = {"model": {"path": "x", "min_pixels": 3136, "max_pixels": 256 * 28 * 28}, "rewards": []}
+    config = {
+        "model": {"path": "x", "min_pixels": 3136, "max_pixels": 256 * 28 * 28},
+        "rewards": [{"name": "latex_table"}, {"name": "gui_action"}],
+    }
     (run / "config.json").write_text(json.dumps(config))
     metrics = [
         {"step": 0, "eval/accuracy": 0.25, "eval/accuracy/easy": 0.5, "eval/accuracy/hard": 0.0},
@@ -182,7 +185,9 @@ def test_gallery_shows_latex_renders_and_gui_clicks_in_a_browser(tmp_path):
     assert "<script" not in html and "onerror=alert" not in html.replace("onerror=alert(2)&gt;", "")
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "tbl/old" not in html  # gallery_steps=1: only the latest logged step
-    overlays = re.findall(r'<img src="(data:image/png;base64,[^"]+)" alt="predicted click and target"', html)
+    overlays = re.findall(
+        r'<img src="(data:image/png;base64,[^"]+)" alt="prediction and target drawn on the input"', html
+    )
     assert len(overlays) == 2
     click = _decode(
         overlays[0]
@@ -199,7 +204,7 @@ def test_gallery_shows_latex_renders_and_gui_clicks_in_a_browser(tmp_path):
     alts = [alt for alt, ok in got["imgs"] if ok]
     assert len(alts) == len(got["imgs"]), got["imgs"]
     assert alts.count("response render") == 1 and alts.count("target render") == 2
-    assert alts.count("predicted click and target") == 2 and alts.count("input image") == 2
+    assert alts.count("prediction and target drawn on the input") == 2 and alts.count("input image") == 2
     assert "response render failed" in got["text"] and "Undefined control sequence" in got["text"]
     assert HOSTILE in got["text"]  # shown as text, never run
     assert got["dialogs"] == [] and got["scripts"] == 0
@@ -252,3 +257,39 @@ train: {{prompts_per_step: 2, progress: false, keep_renders: true, reward_worker
             assert any(n.startswith(f"{row['id']}-response") for n in kept), kept
     html = (out / "report.html").read_text()
     assert f"renders/step-1/{rows[0]['id']}-0/" in html or "response render failed" in html
+
+
+def test_gallery_shows_a_videos_key_frames_and_only_the_runs_overlays(tmp_path):
+    """A video input appears as evenly spaced key frames read by the video processor; an overlay is drawn only for
+    the rewards the run used (a GUI-looking answer in a run without gui_action gets none)."""
+    import cv2
+    import numpy as np
+
+    run = tmp_path / "video-run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model": {"path": "x"}, "rewards": [{"name": "mc_letter"}]}))
+    clip = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"mp4v"), 8.0, (64, 48))
+    for t in range(16):  # a bright square moving right, one column step per frame
+        frame = np.zeros((48, 64, 3), np.uint8)
+        frame[16:32, 2 * t : 2 * t + 16] = 255
+        writer.write(frame)
+    writer.release()
+    row = {
+        "step": 2,
+        "id": "vid-1",
+        "prompt": "<video>Which way does the square move? A. left B. right",
+        "images": [],
+        "videos": [str(clip)],
+        "answer": json.dumps({"action": "click", "bbox": [0, 0, 10, 10]}),
+        "responses": [{"text": "B", "finish": "stop", "reward": 1.0, "parts": {}}],
+    }
+    (run / "rollouts.jsonl").write_text(json.dumps(row) + "\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 2, "reward/mean": 1.0}) + "\n")
+    html = (run / "report.html").read_text() if write_report(run) else ""
+    frames = re.findall(r'<img src="(data:image/png;base64,[^"]+)" alt="input image"\s+title="([^"]+)"', html)
+    assert [t.rsplit(" ", 1)[1] for _, t in frames] == ["0", "5", "10", "15"]
+    mids = [np.asarray(_decode(uri)) for uri, _ in frames]  # the processor resized them: read the middle row
+    lefts = [int(np.argmax(a[a.shape[0] // 2, :, 0] > 128)) for a in mids]
+    assert lefts == sorted(lefts) and lefts[-1] > lefts[0]  # the frames are in order: the square moves right
+    assert "prediction and target drawn on the input" not in html
