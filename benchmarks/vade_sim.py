@@ -241,8 +241,9 @@ def main() -> None:
     ap.add_argument(
         "--work",
         type=float,
-        default=0.2,
-        help="seconds of other work per step in the timing loop (rollouts + update; a real step takes far longer)",
+        default=1.0,
+        help="seconds of other work per step in the timing loop (rollouts, rewards, update: ~1 s for the tiny CPU "
+        "recipes, tens of seconds for a real model)",
     )
     args = ap.parse_args()
 
