@@ -56,6 +56,9 @@ if dist.is_main:
 """
 
 
+WALL_CLOCK = ("vade/select_ms", "vade/draw_ms")
+
+
 def _torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
@@ -127,9 +130,9 @@ train: {{prompts_per_step: 4, save_every: 2, keep_checkpoints: 0, progress: fals
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    # time/*, sys/* and vade/select_ms are wall-clock and process diagnostics, not training state
+    # time/*, sys/* and vade/*_ms are wall-clock and process diagnostics, not training state
     strip = lambda rows: [  # noqa: E731
-        {k: v for k, v in x.items() if not k.startswith(("time/", "sys/")) and k != "vade/select_ms"}
+        {k: v for k, v in x.items() if not k.startswith(("time/", "sys/")) and k not in WALL_CLOCK}
         for x in rows
     ]
     full, split = (
