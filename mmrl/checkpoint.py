@@ -64,15 +64,22 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int = 0,
     rank_rng: list[dict[str, Any]] | None = None,
+    weights: dict[str, Any] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
+    """Write ``root/step-N`` atomically. ``weights`` / ``optimizer_state``: a sharded (FSDP) policy's gathered full
+    weights and name-keyed optimizer state, saved instead of reading the model and the optimizer."""
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step}"
     tmp = root / f"step-{step}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    policy.save(tmp / "model")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if weights is None:
+        policy.save(tmp / "model")
+    else:
+        policy.save(tmp / "model", state_dict=weights)
+    torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     for r, rng in enumerate(rank_rng or [], start=1):  # other processes' generators (multi-process training)
@@ -114,11 +121,30 @@ def latest_checkpoint(root: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def load_training_state(path: Path, optimizer: Any, scheduler: Any, rank: int = 0) -> dict[str, Any]:
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+def load_training_state(
+    path: Path, optimizer: Any, scheduler: Any, rank: int = 0, model: Any = None
+) -> dict[str, Any]:
+    """Restore the optimizer, scheduler and this rank's RNG; return ``state.json``. ``model``: the sharded (FSDP)
+    model, whose optimizer state was saved full and keyed by parameter name."""
+    optim = torch.load(path / "optimizer.pt", weights_only=False)
+    by_name = any(isinstance(k, str) for k in optim.get("state", {}))
+    if by_name != (model is not None):
+        saved, now = ("sharded (FSDP)", "unsharded") if by_name else ("unsharded", "sharded (FSDP)")
+        raise ValueError(
+            f"{path}: the checkpoint's optimizer state was saved by a {saved} run and this run is {now}; resume "
+            "with the same train.fsdp setting"
+        )
+    if model is not None:
+        from mmrl.fsdp import load_optimizer_state
+
+        load_optimizer_state(model, optimizer, optim)
+    else:
+        optimizer.load_state_dict(optim)
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     rng = path / ("rng.pt" if rank == 0 else f"rng-{rank}.pt")
     if not rng.exists():
-        raise FileNotFoundError(f"{rng} is missing: the checkpoint was written by fewer processes than are resuming")
+        raise FileNotFoundError(
+            f"{rng} is missing: the checkpoint was written by fewer processes than are resuming"
+        )
     set_rng_state(torch.load(rng, weights_only=False))
     return json.loads((path / "state.json").read_text())

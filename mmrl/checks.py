@@ -61,6 +61,16 @@ def check_components(cfg: Config) -> None:
         except KeyError as e:
             raise ConfigError(f"{field}: {e.args[0]}") from None
 
+    if cfg.train.fsdp and cfg.model.lora.r > 0:
+        raise ConfigError(
+            "train.fsdp with model.lora is not supported yet: train LoRA with plain data parallelism "
+            "(train.fsdp=false), or the full model with FSDP (model.lora.r=0)"
+        )
+    if cfg.train.fsdp and cfg.rollout.engine != "hf":
+        raise ConfigError(
+            f"train.fsdp with rollout.engine {cfg.rollout.engine!r} is not supported yet (its weight sync needs "
+            "the full weights on every rank): use rollout.engine=hf, or train.fsdp=false"
+        )
     engine = lookup(ENGINES, cfg.rollout.engine, "rollout.engine")
     if hasattr(engine, "check"):  # an engine whose package may be missing (vllm) says so before a model loads
         try:

@@ -142,7 +142,8 @@ class Collector:
             ]
         local = [prompts[b] for b in mine]
         with self.stage("rollout"):
-            groups_local = self.engine.generate(local, self.sampling_params())
+            with self.policy.full_weights():  # under FSDP: gathered once, no per-token collectives
+                groups_local = self.engine.generate(local, self.sampling_params())
         with self.stage("reward"):
             rewards_local, results_local = self.score(
                 [samples[b] for b in mine],

@@ -218,6 +218,11 @@ class TrainConfig:
     prompt_cache_mb: int = opt(
         "memory for encoded prompts (tensors and resized media), least recently used out", 1024
     )
+    fsdp: bool | None = opt(
+        "shard the policy over the processes with FSDP2 (mmrl/fsdp.py); null: when the launcher asks "
+        "(accelerate's FSDP configs); ignored in one process",
+        None,
+    )
 
 
 @dataclass

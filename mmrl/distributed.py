@@ -14,7 +14,8 @@ How a step is split, so that N ranks x B/N rows give exactly the update of 1 ran
 - the update's mini-batches are drawn from the global rows with a generator seeded by (seed, step); each rank
   back-propagates its own rows divided by the global mini-batch's aggregation units, and gradients are then summed
   across ranks (no DDP wrapper: the policy runs the language-model head chunk by chunk outside the model's
-  ``forward``, which a DDP wrapper's hooks would not see);
+  ``forward``, which a DDP wrapper's hooks would not see); with ``train.fsdp`` the policy is sharded instead and
+  FSDP2's reduce-scatter does the sum (:mod:`mmrl.fsdp`);
 - rank 0 alone writes logs, reports and checkpoints (full HF weights); every rank saves and restores its own RNG.
 """
 

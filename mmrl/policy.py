@@ -133,6 +133,30 @@ class Policy:
         vocab = head.weight.shape[0] if head is not None else len(self.tokenizer)
         self.suppress_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)  # [V]
         self.suppress_mask[[t for t in self.suppressed_token_ids if t < vocab]] = True
+        self.sharded: list[torch.nn.Module] = []  # FSDP2 modules, root last (see shard())
+
+    # ---------------------------------------------------------------- FSDP2
+    def shard(self) -> None:
+        """Shard the weights over the processes with FSDP2 (:mod:`mmrl.fsdp`); build the optimizer afterwards."""
+        from mmrl.fsdp import shard_model
+
+        self.sharded = shard_model(self.model, self.compute_dtype)
+
+    def _scored(self, fn, *args):
+        """Run a scoring function (backbone + chunked head) where FSDP gathers the root's weights for it."""
+        return self.model.mmrl_run(fn, *args) if self.sharded else fn(*args)
+
+    @contextmanager
+    def full_weights(self):
+        """Generation-ready weights: under FSDP every rank gathers them on entry (call it on every rank) and
+        forwards inside need no communication; otherwise a no-op."""
+        if not self.sharded:
+            yield
+            return
+        from mmrl.fsdp import full_weights
+
+        with full_weights(self.sharded):
+            yield
 
     @classmethod
     def from_pretrained(cls, cfg: ModelConfig, path: str | None = None, *, trainable: bool = True) -> Policy:
@@ -366,31 +390,39 @@ class Policy:
                     f"completion contains vision placeholder token(s) {sorted(set(bad))}; rollout engines must "
                     "suppress Policy.suppressed_token_ids"
                 )
-        hidden, target, mask = self.completion_hidden(prompts, completions)
-        with self.autocast():
-            logp, entropy = selective_logprobs(
-                self.model.get_output_embeddings(),
-                hidden,
-                target,
-                temperature=temperature,
-                suppress=self.suppress_mask,
-                with_entropy=with_entropy,
-                entropy_grad=entropy_grad,
-                chunk=self.cfg.logits_chunk_tokens,
-            )
-        return logp * mask, entropy, mask
+
+        def score() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+            hidden, target, mask = self.completion_hidden(prompts, completions)
+            with self.autocast():
+                logp, entropy = selective_logprobs(
+                    self.model.get_output_embeddings(),
+                    hidden,
+                    target,
+                    temperature=temperature,
+                    suppress=self.suppress_mask,
+                    with_entropy=with_entropy,
+                    entropy_grad=entropy_grad,
+                    chunk=self.cfg.logits_chunk_tokens,
+                )
+            return logp * mask, entropy, mask
+
+        return self._scored(score)
 
     def sequence_nll(
         self, prompts: list[EncodedPrompt], targets: list[list[int]], label_smoothing: float = 0.0
     ) -> torch.Tensor:
         """Mean token cross-entropy of ``targets`` (supervised warm start), optionally label-smoothed."""
-        hidden, target, mask = self.completion_hidden(prompts, targets)
-        with self.autocast():
-            logits = self.model.get_output_embeddings()(hidden).float()  # [B, T, V]: warm starts are short
-        ce = F.cross_entropy(
-            logits.transpose(1, 2), target, reduction="none", label_smoothing=label_smoothing
-        )
-        return (ce * mask).sum() / mask.sum().clamp(min=1.0)
+
+        def score() -> torch.Tensor:
+            hidden, target, mask = self.completion_hidden(prompts, targets)
+            with self.autocast():  # [B, T, V] logits at once: warm starts are short
+                logits = self.model.get_output_embeddings()(hidden).float()
+            ce = F.cross_entropy(
+                logits.transpose(1, 2), target, reduction="none", label_smoothing=label_smoothing
+            )
+            return (ce * mask).sum() / mask.sum().clamp(min=1.0)
+
+        return self._scored(score)
 
     # ---------------------------------------------------------------- LoRA, weights, saving
     @contextmanager
@@ -420,9 +452,23 @@ class Policy:
                     out[f"{name}.bias"] = out.pop(f"{name}.base_layer.bias")
         return out
 
-    def save(self, path: str | os.PathLike) -> None:
-        """HF format (processor included). With LoRA: ``path/adapter/``, plus the merged model when asked."""
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Under FSDP the full weights gathered on rank 0 (a collective: call it on every rank; other ranks get an
+        empty dict); None when the policy is not sharded (:meth:`save` reads the model itself)."""
+        if not self.sharded:
+            return None
+        from mmrl.fsdp import full_state_dict
+
+        return full_state_dict(self.model)
+
+    def save(self, path: str | os.PathLike, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """HF format (processor included). With LoRA: ``path/adapter/``, plus the merged model when asked.
+        ``state_dict``: the gathered full weights of a sharded policy (:meth:`full_state_dict`)."""
         path = Path(path)
+        if state_dict is not None:
+            self.model.save_pretrained(path, state_dict=state_dict)
+            self.processor.save_pretrained(path)
+            return
         if self.peft is not None:
             self.peft.save_pretrained(path / "adapter")
             self.processor.save_pretrained(path)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrl import rundir
+from mmrl import fsdp, rundir
 from mmrl.algos import (
     ADVANTAGES,
     KL_ESTIMATORS,
@@ -86,6 +86,10 @@ class Trainer:
         eval_data = load_split(cfg.data, cfg.data.eval, skipped) if cfg.data.eval else []
         a = cfg.algo
         self.policy = Policy.from_pretrained(cfg.model, path=str(ckpt / "model") if ckpt else None)
+        if fsdp.wanted(cfg.train.fsdp, dist.world):
+            cfg.train.fsdp = True
+            check_config(cfg)  # what FSDP cannot be combined with yet, when the launcher asked for it
+            self.policy.shard()  # before the optimizer: it holds the sharded parameters
         # the reference: a frozen copy, or with LoRA the policy itself with adapters disabled (Policy.reference)
         separate_ref = a.kl_coef > 0 and cfg.model.lora.r == 0
         self.ref = Policy.from_pretrained(cfg.model, trainable=False) if separate_ref else None
@@ -127,7 +131,13 @@ class Trainer:
         if dist.is_main:
             (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         if ckpt is not None:
-            state = load_training_state(ckpt, self.opt, self.sched, rank=dist.rank)
+            state = load_training_state(
+                ckpt,
+                self.opt,
+                self.sched,
+                rank=dist.rank,
+                model=self.policy.model if self.policy.sharded else None,
+            )
             self.sampler.load_state_dict(state["sampler"])
             self.estimator.load_state_dict(state.get("advantage", {}))
             self.step, self.last_kl = int(state["step"]), state.get("last_kl")
@@ -194,8 +204,10 @@ class Trainer:
     def start(self) -> None:
         """Before the first step: the held-out score of the initial policy, and the estimator's initialisation pass
         (MSSR: one response of the initial policy per training prompt)."""
-        if self.validator and self.dist.is_main:
-            self.logger.log({"step": 0, **self.evaluate()})
+        if self.validator:
+            with self.policy.full_weights():  # every rank takes part under FSDP; rank 0 evaluates
+                if self.dist.is_main:
+                    self.logger.log({"step": 0, **self.evaluate()})
         if not self.estimator.needs_init:
             return
         c, bs, d = self.collector, self.cfg.rollout.batch_size, self.dist
@@ -203,10 +215,13 @@ class Trainer:
         params = type(params)(1, params.temperature, params.top_p, params.top_k, params.max_new_tokens)
         mine = list(range(d.rank, len(self.train_data), d.world))
         rewards = []
-        for s in range(0, len(mine), bs):
-            samples = [self.train_data[i] for i in mine[s : s + bs]]
-            prompts = [c.encode(x) for x in samples]
-            rewards.append(c.score(samples, prompts, self.engine.generate(prompts, params))[0].reshape(-1))
+        with self.policy.full_weights():  # ranks may run different numbers of batches
+            for s in range(0, len(mine), bs):
+                samples = [self.train_data[i] for i in mine[s : s + bs]]
+                prompts = [c.encode(x) for x in samples]
+                rewards.append(
+                    c.score(samples, prompts, self.engine.generate(prompts, params))[0].reshape(-1)
+                )
         parts = d.gather((mine, torch.cat(rewards) if rewards else torch.zeros(0)))
         indices, init = [i for p in parts for i in p[0]], torch.cat([p[1] for p in parts])
         self.estimator.initialise(indices, init)
@@ -319,11 +334,12 @@ class Trainer:
 
     def maybe_evaluate(self) -> dict[str, float]:
         cfg = self.cfg
-        if not self.validator or not self.dist.is_main:  # rank 0 evaluates; the others go on to the next step
+        if not self.validator:
             return {}
         if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.train.max_steps:
-            with self.stage("eval"):
-                return self.evaluate()
+            # rank 0 evaluates; the others go on to the next step (under FSDP after gathering the weights with it)
+            with self.stage("eval"), self.policy.full_weights():
+                return self.evaluate() if self.dist.is_main else {}
         return {}
 
     # ------------------------------------------------------------------ eval / io
@@ -355,6 +371,8 @@ class Trainer:
     def save(self) -> Path:
         rngs = self.dist.gather(rng_state())  # every process's generators, written by rank 0
         final = self.out / "checkpoints" / f"step-{self.step}"
+        weights = self.policy.full_state_dict()  # under FSDP: gathered on rank 0 (every rank takes part)
+        optim = fsdp.full_optimizer_state(self.policy.model, self.opt) if self.policy.sharded else None
         if not self.dist.is_main:
             self.dist.barrier()
             return final
@@ -373,6 +391,8 @@ class Trainer:
             state=state,
             keep=self.cfg.train.keep_checkpoints,
             rank_rng=rngs[1:],
+            weights=weights,
+            optimizer_state=optim,
         )
         self.dist.barrier()
         return final

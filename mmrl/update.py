@@ -113,10 +113,15 @@ class PolicyUpdate:
         units = sum(self.agg.units(full_mask[m]) for m in self._micro_batches(rows, unit))
         mine = set(batch.local_rows)
         micros = self._micro_batches([r for r in rows if r in mine], unit)
+        weights = [1.0] * len(micros)
+        if pol.sharded:  # every forward is a collective: pad to the most micro-batches any rank has, weight 0
+            most = max(self.dist.gather(len(micros)))
+            pad = batch.local_rows[:unit]
+            micros, weights = micros + [pad] * (most - len(micros)), weights + [0.0] * (most - len(micros))
         self.opt.zero_grad(set_to_none=True)
         acc = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0}
         parts: list[tuple[dict[str, Any], float]] = []
-        for part in micros:
+        for part, weight in zip(micros, weights):
             logp, ent, mask = pol.logprobs(
                 [batch.prompts[i] for i in part],
                 [batch.completions[i] for i in part],
@@ -137,11 +142,15 @@ class PolicyUpdate:
                     self.kl_fn(logp, batch.ref_logp[part, :T].to(dev)), mask, self.constant
                 )
                 loss = loss + a.kl_coef * kl / units
-                acc["kl"] += kl.item() / units
+                acc["kl"] += weight * kl.item() / units
             ent_term = self.agg.numerator(ent, mask, self.constant) / units
             if a.entropy_coef:
                 loss = loss - a.entropy_coef * ent_term
-            loss.backward()
+            if not weight:  # padding for FSDP: the forward and backward run, nothing is counted
+                (loss * 0.0).backward()
+                continue
+            # FSDP averages gradients over ranks; the loss is already divided by the global units: undo the mean
+            (loss * self.dist.world if pol.sharded else loss).backward()
             n_tok = float(mask.sum())
             self.tokens += int(n_tok)
             acc["loss"] += loss.item()
@@ -149,9 +158,12 @@ class PolicyUpdate:
             acc["entropy"] += ent_term.item()
             parts.append(({k: float(v) for k, v in st.items()}, n_tok))
         params = [p for p in pol.model.parameters() if p.requires_grad]
-        self.dist.sum_grads(params)
+        if not pol.sharded:  # FSDP's reduce-scatter has summed them already
+            self.dist.sum_grads(params)
         clip = self.cfg.optim.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP
+            norm = norm.full_tensor()
         self.opt.step()
         self.sched.step()
         all_parts = [x for ps in self.dist.gather(parts) for x in ps]

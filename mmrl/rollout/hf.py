@@ -138,6 +138,9 @@ class HFEngine:
                 attention_mask=attn,
                 generation_config=config,
                 logits_processor=LogitsProcessorList(chain),
+                # transformers turns this on for an FSDP-sharded model; under Policy.full_weights every rank holds
+                # the whole model, so a rank generates alone (rank 0 evaluates alone) with no per-token collective
+                synced_gpus=False,
                 **mm,
             )
         seqs = out.sequences[:, P:]  # [B, T]

@@ -1,0 +1,205 @@
+"""FSDP2 on CPU (gloo, 2 processes, torchrun): one optimizer step of the sharded policy equals the 1-process step;
+a sharded tiny run completes, resumes exactly, writes full HF weights that transformers loads, and matches the
+unsharded 2-process run's first steps. (mmrl/fsdp.py; the same code runs on GPUs with nccl.)"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmrl.logging import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
+WALL_CLOCK = ("vade/select_ms", "vade/draw_ms")
+
+WORKER = r"""
+import sys, torch
+from PIL import Image
+from mmrl.config import load_config
+from mmrl.distributed import Dist
+from mmrl.policy import Policy
+from mmrl.types import Sample
+from mmrl.update import PolicyUpdate, RolloutBatch
+
+out, seed, tiny, shard = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "fsdp"
+dist = Dist()
+img = f"{out}/i.png"
+if dist.is_main:
+    Image.new("RGB", (56, 56), (9, 99, 199)).save(img)
+dist.barrier()
+cfg = load_config(None, [f"model.path={tiny}", "model.max_pixels=3136", "rollout.n=2", "optim.micro_batch_size=1",
+                         "algo.kl_coef=0.1", "algo.mini_batches=2", f"train.seed={seed}"])
+torch.manual_seed(0)
+pol = Policy.from_pretrained(cfg.model)
+ref = Policy.from_pretrained(cfg.model, trainable=False)
+s = Sample("q", [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}], [img])
+p = pol.encode(s)
+comps = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15], [16, 17, 18, 19], [20], [21, 22], [23, 24, 25]]
+with torch.no_grad():
+    old = pol.logprobs([p] * 8, comps)[0] + 0.05
+    ref_lp = ref.logprobs([p] * 8, comps)[0] - 0.1
+if shard:
+    pol.shard()
+world = dist.world
+rows = list(range(dist.rank * 8 // world, (dist.rank + 1) * 8 // world))
+adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0, -0.3, 0.6])
+batch = RolloutBatch([p if i in rows else None for i in range(8)], comps, 2, old, ref_lp, None, adv, rows=rows)
+# SGD: the weights then show the gradients themselves (AdamW's first step turns the float noise of gradients that
+# are zero in exact arithmetic, such as the key biases', into +-lr)
+opt = torch.optim.SGD([q for q in pol.model.parameters() if q.requires_grad], lr=0.05)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
+with pol.training():
+    stats = PolicyUpdate(cfg, pol, opt, sched, 1.0, dist)(batch, step=3)
+weights = pol.full_state_dict() if shard else pol.model.state_dict()
+if dist.is_main:
+    torch.save({"weights": {k: v.detach().clone() for k, v in weights.items()}, "stats": stats},
+               f"{out}/result-{world}-{sys.argv[4]}.pt")
+"""
+
+
+def _torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def _uneven_seed() -> int:
+    """A seed whose step-3 shuffle gives the two ranks different numbers of rows (micro-batches of 1) in a
+    mini-batch of 4, so the rank with fewer pads with zero-weight micro-batches."""
+    for seed in range(100):
+        perm = torch.randperm(8, generator=torch.Generator().manual_seed(seed * 1_000_003 + 3)).tolist()
+        if any(sum(r < 4 for r in perm[s : s + 4]) != 2 for s in (0, 4)):
+            return seed
+    raise AssertionError("no uneven seed")
+
+
+@pytest.mark.slow
+def test_sharded_step_equals_one_process_step(tmp_path):
+    """2 ranks with FSDP2, one of them padded with zero-weight micro-batches, give the 1-process update: every full
+    weight within 1e-6 after two optimizer steps, the same statistics."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    seed = str(_uneven_seed())
+    _torchrun(1, str(worker), str(tmp_path), seed, str(TINY), "plain", cwd=tmp_path)
+    _torchrun(2, str(worker), str(tmp_path), seed, str(TINY), "fsdp", cwd=tmp_path)
+    one, two = torch.load(tmp_path / "result-1-plain.pt"), torch.load(tmp_path / "result-2-fsdp.pt")
+    assert one["weights"].keys() == two["weights"].keys()
+    for k, w in one["weights"].items():
+        assert torch.allclose(w, two["weights"][k], atol=1e-6), k
+    # the reduce-scatter sums in another order than one process does (gradients differ by ~3e-7): the statistics
+    # of the second mini-batch, computed after the first update, agree to 1e-4
+    for key in ("loss", "pg_loss", "kl", "grad_norm", "clip_frac_high", "ratio_mean"):
+        assert one["stats"][key] == pytest.approx(two["stats"][key], rel=1e-4, abs=1e-7), key
+
+
+@pytest.mark.slow
+def test_sharded_run_resumes_exactly_and_saves_full_weights(tmp_path):
+    """A 2-process FSDP2 shapes run (with VADE, KL and evaluation) completes; stopped at step 2 and resumed it
+    writes the same metrics as the uninterrupted run; its checkpoint is full HF weights that transformers loads and
+    that equal the uninterrupted run's; and until the first update it sees what the unsharded 2-process run sees
+    (same initial evaluation, same first rollouts and rewards)."""
+    from transformers import AutoModelForImageTextToText
+
+    from mmrl.recipes.shapes.data import build
+
+    build(tmp_path / "data", n_train=32, n_eval=8, seed=6)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f"""
+model: {{path: {ROOT / "assets" / "shapes-sft" / "model"}, min_pixels: 3136, max_pixels: 3136}}
+data: {{train: data/train.jsonl, eval: data/eval.jsonl}}
+rollout: {{n: 4, max_new_tokens: 4, batch_size: 8}}
+algo: {{kl_coef: 0.01, mini_batches: 2}}
+optim: {{lr: 0.001, micro_batch_size: 4, schedule_steps: 4, scheduler: cosine}}
+rewards: [{{name: exact_match}}]
+eval: {{every: 2, max_samples: 8}}
+sampler: {{name: vade}}
+train: {{prompts_per_step: 4, save_every: 2, keep_checkpoints: 0, progress: false, seed: 3}}
+"""
+    )
+    run = ["-m", "mmrl", "train", str(cfg), "--output-dir"]
+    _torchrun(2, *run, str(tmp_path / "full"), "--max-steps", "4", "train.fsdp=true", cwd=tmp_path)
+    _torchrun(2, *run, str(tmp_path / "split"), "--max-steps", "2", "train.fsdp=true", cwd=tmp_path)
+    _torchrun(
+        2, *run, str(tmp_path / "split"), "--max-steps", "4", "--resume", "train.fsdp=true", cwd=tmp_path
+    )
+    _torchrun(2, *run, str(tmp_path / "ddp"), "--max-steps", "1", cwd=tmp_path)
+
+    def rows(name: str) -> list[dict]:
+        return [
+            {k: v for k, v in r.items() if not k.startswith(("time/", "sys/")) and k not in WALL_CLOCK}
+            for r in read_metrics(tmp_path / name / "metrics.jsonl")
+        ]
+
+    full, split, ddp = rows("full"), rows("split"), rows("ddp")
+    assert full == split and [r["step"] for r in full] == [0, 1, 2, 3, 4]
+    assert full[0] == ddp[0]  # the initial evaluation
+    for key in ("reward/mean", "rollout/groups_with_signal", "response_length/mean"):
+        assert full[1][key] == ddp[1][key], key
+    assert full[1]["loss"] == pytest.approx(ddp[1]["loss"], rel=1e-4, abs=1e-6)
+    weights = {}
+    for name in ("full", "split"):
+        model = AutoModelForImageTextToText.from_pretrained(
+            tmp_path / name / "checkpoints" / "step-4" / "model"
+        )
+        weights[name] = model.state_dict()
+    assert all(torch.equal(v, weights["split"][k]) for k, v in weights["full"].items())
+    start = AutoModelForImageTextToText.from_pretrained(ROOT / "assets" / "shapes-sft" / "model").state_dict()
+    assert any(not torch.equal(v, start[k]) for k, v in weights["full"].items())  # it trained
+
+
+def test_fsdp_follows_the_setting_then_the_launcher_and_never_shards_one_process(monkeypatch):
+    from mmrl.fsdp import wanted
+
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    assert not wanted(None, 2) and wanted(True, 2) and not wanted(True, 1)
+    monkeypatch.setenv(
+        "ACCELERATE_USE_FSDP", "true"
+    )  # what accelerate launch exports for distributed_type: FSDP
+    assert wanted(None, 8) and not wanted(False, 8) and not wanted(None, 1)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.lora.r=8"], "train.fsdp with model.lora is not supported yet"),
+        (["rollout.engine=vllm"], "train.fsdp with rollout.engine 'vllm' is not supported yet"),
+    ],
+)
+def test_what_fsdp_is_not_combined_with_is_refused_before_loading(overrides, message):
+    from mmrl.checks import ConfigError, check_components
+    from mmrl.config import load_config
+
+    cfg = load_config(None, [f"model.path={TINY}", "train.fsdp=true", *overrides])
+    with pytest.raises(ConfigError, match=message):
+        check_components(cfg)
+
+
+def test_resuming_with_another_fsdp_setting_names_the_fix(tmp_path):
+    from mmrl.checkpoint import load_training_state
+
+    lin = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(lin.parameters())
+    lin(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    ckpt = tmp_path / "step-1"
+    ckpt.mkdir()
+    torch.save(
+        {"state": {"weight": {"step": 1}}, "param_groups": []}, ckpt / "optimizer.pt"
+    )  # name-keyed: FSDP
+    with pytest.raises(ValueError, match="resume with the same train.fsdp setting"):
+        load_training_state(ckpt, opt, None)
