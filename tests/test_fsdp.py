@@ -203,3 +203,47 @@ def test_resuming_with_another_fsdp_setting_names_the_fix(tmp_path):
     )  # name-keyed: FSDP
     with pytest.raises(ValueError, match="resume with the same train.fsdp setting"):
         load_training_state(ckpt, opt, None)
+
+
+@pytest.mark.slow
+def test_sharded_bf16_run_with_activation_checkpointing_keeps_fp32_master_weights(tmp_path):
+    """FSDP2 with bf16 gathers and fp32 gradient reduction (model.dtype bfloat16) and activation checkpointing:
+    two steps train, and the checkpoint holds fp32 weights (the sharded master copy) that moved."""
+    from transformers import AutoModelForImageTextToText
+
+    from mmrl.recipes.shapes.data import build
+
+    build(tmp_path / "data", n_train=16, n_eval=4, seed=2)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f"""
+model: {{path: {ROOT / "assets" / "shapes-sft" / "model"}, min_pixels: 3136, max_pixels: 3136,
+        dtype: bfloat16, gradient_checkpointing: true}}
+data: {{train: data/train.jsonl}}
+rollout: {{n: 4, max_new_tokens: 4, batch_size: 8}}
+optim: {{lr: 0.001, micro_batch_size: 4}}
+rewards: [{{name: exact_match}}]
+train: {{prompts_per_step: 4, progress: false, seed: 1, fsdp: true}}
+"""
+    )
+    _torchrun(
+        2,
+        "-m",
+        "mmrl",
+        "train",
+        str(cfg),
+        "--output-dir",
+        str(tmp_path / "bf16"),
+        "--max-steps",
+        "2",
+        cwd=tmp_path,
+    )
+    rows = read_metrics(tmp_path / "bf16" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2] and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    saved = AutoModelForImageTextToText.from_pretrained(
+        tmp_path / "bf16" / "checkpoints" / "step-2" / "model"
+    )
+    start = AutoModelForImageTextToText.from_pretrained(ROOT / "assets" / "shapes-sft" / "model").state_dict()
+    state = saved.state_dict()
+    assert all(v.dtype == torch.float32 for v in state.values())
+    assert any(not torch.equal(v, start[k]) for k, v in state.items())
