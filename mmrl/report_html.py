@@ -14,8 +14,8 @@ What the reward saw:
   region over the tissue with the target region; each parses and maps coordinates with its reward's own functions,
   and the model-input size is recomputed with the policy's ``smart_resize`` from the run's
   ``model.min_pixels``/``max_pixels``, since rollouts.jsonl keeps no sizes. A new reward adds its overlay with one
-  line here: ``"name": "module:function"``, the function taking ``(image, answer, sample_id, response, pixels)``
-  and returning ``(image, caption)`` or None;
+  line here: ``"name": "module:function"``, the function taking ``(image, row, response, pixels)`` (``row``: the
+  group's rollouts.jsonl row, with ``answer``, ``id`` and ``metadata``) and returning ``(image, caption)`` or None;
 - videos are shown as key frames (``KEY_FRAMES`` of them, evenly spaced, read by the project's video processor).
 """
 
@@ -42,9 +42,9 @@ THUMB_SIDE = 384  # longest side of an embedded image, in CSS pixels
 KEY_FRAMES = 4  # frames shown per video
 OVERLAYS = {  # reward name -> "module:function" drawing what the reward judged on the input image
     "gui_action": "mmrl.report_html:gui_overlay",
-    "pathology": "mmrl.recipes.pathology.view:overlay",
+    "pathology": "mmrl.recipes.pathology.view:report_overlay",
 }
-Overlay = Callable[[Image.Image, Any, str, str, tuple[int, int]], "tuple[Image.Image, str] | None"]
+Overlay = Callable[[Image.Image, dict[str, Any], str, tuple[int, int]], "tuple[Image.Image, str] | None"]
 TEXT_LIMIT = 4000  # characters of a response shown; the rest is cut with a note
 
 
@@ -125,10 +125,11 @@ def _renders(out: Path, step: int, b: int, j: int, sample_id: str, view: Respons
 
 
 def gui_overlay(
-    screen: Image.Image, answer: Any, sample_id: str, text: str, pixels: tuple[int, int]
+    screen: Image.Image, row: dict[str, Any], text: str, pixels: tuple[int, int]
 ) -> tuple[Image.Image, str] | None:
     """The screenshot with the target (green) and the predicted click mapped to original pixels (red); None when
     the answer is not a GUI action."""
+    answer, sample_id = row.get("answer"), str(row.get("id", "?"))
     if not isinstance(answer, (str, dict)):
         return None
     try:
@@ -224,7 +225,7 @@ def group_view(
         )
         _renders(out, step, position, j, sid, view)
         for fn in (draw or []) if screen is not None else []:
-            shown = fn(screen, answer, sid, text, pixels)
+            shown = fn(screen, row, text, pixels)
             if shown is not None:
                 view.overlay, view.overlay_caption = data_uri(_thumbnail(shown[0])[0]), shown[1]
                 break

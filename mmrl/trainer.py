@@ -361,6 +361,7 @@ class Trainer:
                     "images": [str(x) for x in s.images],
                     "videos": [str(x) for x in s.videos],
                     "answer": s.answer,
+                    "metadata": s.metadata,  # what some rewards judge by (a pathology region); the report reads it
                     "responses": [
                         {"text": c.text, "finish": c.finish_reason, "reward": r.score, "parts": r.parts}
                         for c, r in zip(g, results)

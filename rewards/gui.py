@@ -38,6 +38,7 @@ import ast
 import json
 import logging
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -74,7 +75,9 @@ def parse_literal(content: str) -> Any:
     """JSON or a Python literal (single quotes); None when neither parses."""
     for load in (json.loads, ast.literal_eval):
         try:
-            return load(content)
+            with warnings.catch_warnings():  # model text like "48,6]" makes the parser warn, not only fail
+                warnings.simplefilter("ignore", SyntaxWarning)
+                return load(content)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
     return None

@@ -293,3 +293,40 @@ def test_gallery_shows_a_videos_key_frames_and_only_the_runs_overlays(tmp_path):
     lefts = [int(np.argmax(a[a.shape[0] // 2, :, 0] > 128)) for a in mids]
     assert lefts == sorted(lefts) and lefts[-1] > lefts[0]  # the frames are in order: the square moves right
     assert "prediction and target drawn on the input" not in html
+
+
+def test_gallery_draws_the_pathology_region_from_the_rows_metadata(tmp_path):
+    """The pathology reward judges a region kept in the sample's metadata: rollouts.jsonl carries it and the report
+    draws the target (green) and the marked region (red) over the tissue."""
+    run = tmp_path / "patho-run"
+    run.mkdir()
+    config = {
+        "model": {"path": "x", "min_pixels": 3136, "max_pixels": 3136},
+        "rewards": [{"name": "pathology"}],
+    }
+    (run / "config.json").write_text(json.dumps(config))
+    tile = tmp_path / "tile.png"
+    Image.new("RGB", (112, 112), (240, 200, 230)).save(tile)
+    row = {
+        "step": 1,
+        "id": "patho-1",
+        "prompt": "Mark the tumour.",
+        "images": [str(tile)],
+        "answer": "tumour",
+        "metadata": {"region": [60, 10, 100, 50]},
+        "responses": [
+            {"text": "<answer>tumour <box>[30,5,50,25]</box></answer>", "finish": "stop", "reward": 0.9},
+            {"text": "<answer>stroma</answer>", "finish": "stop", "reward": 0.0},
+        ],
+    }
+    (run / "rollouts.jsonl").write_text(json.dumps(row) + "\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.45}) + "\n")
+    write_report(run)
+    html = (run / "report.html").read_text()
+    shown = re.findall(
+        r'<img src="(data:image/png;base64,[^"]+)" alt="prediction and target drawn on the input">', html
+    )
+    assert len(shown) == 2 and "region IoU 1.00" in html and "no region marked" in html
+    marked, unmarked = _decode(shown[0]), _decode(shown[1])
+    assert unmarked.getpixel((60, 30)) == (0, 170, 0)  # the target's left edge, green
+    assert marked.getpixel((60, 30)) == (220, 0, 0)  # the marked box maps onto it exactly (drawn last, red)
