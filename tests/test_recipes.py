@@ -1,4 +1,6 @@
-"""Every tiny recipe runs end to end on the bundled assets (2 steps), building its data in a temp folder."""
+"""Every tiny recipe runs end to end on the bundled assets (2 steps). A recipe with a test file of its own
+(``tests/test_recipe_<name>.py``) smoke-runs its tiny configs there on a small split (its full data can take minutes
+to render); the others run here, building their data in a temp folder."""
 
 from pathlib import Path
 
@@ -9,7 +11,22 @@ from mmrl.config import load_config
 from mmrl.logging import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_RECIPES = sorted(ROOT.glob("recipes/*/tiny.yaml"))
+TINY_RECIPES = sorted(
+    p
+    for p in ROOT.glob("recipes/*/tiny.yaml")
+    if not (ROOT / "tests" / f"test_recipe_{p.parent.name}.py").exists()
+)
+
+
+def test_every_recipe_with_tiny_configs_is_smoke_run():
+    """Each recipe folder with a tiny config is run here or has its own test file, which runs it through the CLI."""
+    for folder in sorted({p.parent for p in ROOT.glob("recipes/*/tiny*.yaml")}):
+        own = ROOT / "tests" / f"test_recipe_{folder.name}.py"
+        if own.exists():
+            text = own.read_text()
+            assert "main(" in text and "tiny" in text, f"{own} does not run a tiny config through the CLI"
+        else:
+            assert folder / "tiny.yaml" in TINY_RECIPES, folder
 
 
 @pytest.mark.parametrize("recipe", TINY_RECIPES, ids=lambda p: p.parent.name)

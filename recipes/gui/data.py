@@ -31,6 +31,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,9 +290,12 @@ class _Builder:
         return f'{label}<input class="field" placeholder="{hint}" {self.mark("field", kind_name)}>'
 
 
-def _style(rng: random.Random, device: str) -> tuple[str, dict[str, int]]:
+def _style(
+    rng: random.Random, device: str, metrics: dict[str, int] | None = None
+) -> tuple[str, dict[str, int]]:
+    """The page's CSS in a random theme; sizes are drawn at random unless ``metrics`` fixes them."""
     primary, bg, fg = rng.choice(THEMES)
-    m = {
+    m = metrics or {
         "font": rng.choice((13, 14, 15, 16) if device == "phone" else (13, 14, 15)),
         "icon": rng.choice((36, 40, 44, 48)),
         "pad": rng.choice((8, 10, 12, 14)),
@@ -498,13 +502,21 @@ def _task(
 
 
 def make_record(
-    rng: random.Random, renderer: ScreenRenderer, screen: Screen, rid: str, weights: dict[str, float]
+    rng: random.Random,
+    renderer: ScreenRenderer,
+    screen: Screen,
+    rid: str,
+    weights: dict[str, float],
+    *,
+    layouts: Callable[..., Layout] = make_layout,
+    prompt: str = PROMPT,
 ) -> tuple[dict[str, Any], bytes]:
     """One record (image path ``images/<rid>.png``) and its PNG. The action is drawn first: open_app needs a
     home screen, scrolling up a page rendered scrolled down. An action the screen cannot offer becomes a
-    click."""
+    click. ``layouts(rng, screen, home=...)`` draws the screen (:func:`make_layout` or
+    :func:`.tiny.make_tiny_layout`); ``prompt`` is formatted with ``device`` and ``instruction``."""
     action = rng.choices(list(weights), weights=list(weights.values()))[0]
-    layout = make_layout(rng, screen, home=action == "open_app")
+    layout = layouts(rng, screen, home=action == "open_app")
     shot = renderer.shoot(layout.html, screen, scrolled_to_bottom=action == "scroll" and rng.random() < 0.4)
     verb = "tap" if screen.device == "phone" else "click"
     while True:
@@ -531,7 +543,7 @@ def make_record(
     }
     rec = {
         "id": rid,
-        "prompt": PROMPT.format(device=screen.device, instruction=instruction),
+        "prompt": prompt.format(device=screen.device, instruction=instruction),
         "images": [f"images/{rid}.png"],
         "answer": answer,
         "metadata": meta,
