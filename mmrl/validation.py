@@ -68,9 +68,16 @@ class Validator:
             for s, p, g in zip(self.samples, prompts, groups)
             for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])
         ]
-        scores = [r.score for r in self.collector.reward(inputs)]
+        results = self.collector.reward(inputs)
+        scores = [r.score for r in results]
         ok = [sc >= self.cfg.eval.success_threshold - 1e-6 for sc in scores]
         out = {"eval/accuracy": sum(ok) / len(ok), "eval/reward_mean": sum(scores) / len(scores)}
+        parts: dict[str, list[float]] = {}  # each reward part's held-out mean (a click's coordinate part, ...)
+        for r in results:
+            for k, v in (r.parts or {}).items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    parts.setdefault(k, []).append(float(v))
+        out |= {f"eval/part/{k}": sum(v) / len(v) for k, v in sorted(parts.items())}
         key = self.cfg.eval.group_by
         if key:
             groups_ok: dict[str, list[bool]] = {}
