@@ -204,12 +204,18 @@ class Trainer:
     def start(self) -> None:
         """Before the first step: the held-out score of the initial policy, and the estimator's initialisation pass
         (MSSR: one response of the initial policy per training prompt)."""
+        row: dict[str, Any] = {"step": 0}  # one step-0 row: a second one would replace it in read_metrics
         if self.validator:
             with self.policy.full_weights():  # every rank takes part under FSDP; rank 0 evaluates
                 if self.dist.is_main:
-                    self.logger.log({"step": 0, **self.evaluate()})
-        if not self.estimator.needs_init:
-            return
+                    row |= self.evaluate()
+        if self.estimator.needs_init:
+            row |= self._initialise_estimator()
+        if len(row) > 1:
+            self.logger.log(row)
+
+    def _initialise_estimator(self) -> dict[str, Any]:
+        """MSSR's initialisation pass: one response of the initial policy per training prompt."""
         c, bs, d = self.collector, self.cfg.rollout.batch_size, self.dist
         params = c.sampling_params()
         params = type(params)(1, params.temperature, params.top_p, params.top_k, params.max_new_tokens)
@@ -225,7 +231,7 @@ class Trainer:
         parts = d.gather((mine, torch.cat(rewards) if rewards else torch.zeros(0)))
         indices, init = [i for p in parts for i in p[0]], torch.cat([p[1] for p in parts])
         self.estimator.initialise(indices, init)
-        self.logger.log({"step": 0, "init/reward_mean": init.mean().item(), "init/prompts": len(init)})
+        return {"init/reward_mean": init.mean().item(), "init/prompts": len(init)}
 
     def _train_temperature(self) -> float:
         return self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0

@@ -63,14 +63,33 @@ def register_reward(name: str, *, heavy: bool = False) -> Callable[[RewardFn], R
 
 
 def load_reward(spec: str) -> RewardSpec:
-    """A registered reward by name, or ``path/to/file.py:function`` loaded from the user's file."""
+    """A registered reward by name, ``path/to/file.py:function`` loaded from the user's file, or
+    ``package.module:function`` imported (a recipe's own reward, wherever the run starts)."""
     path, sep, func = spec.rpartition(":")
     if sep and path.endswith(".py"):
         return _load_from_file(Path(path), func)
+    if sep and path and "/" not in path:
+        return _load_from_module(path, func)
     try:
         return REWARDS.get(spec)
     except KeyError as e:
-        raise KeyError(f"{e.args[0]}; a reward of your own is given as path/to/file.py:function") from None
+        raise KeyError(
+            f"{e.args[0]}; a reward of your own is given as path/to/file.py:function or package.module:function"
+        ) from None
+
+
+def _load_from_module(module_name: str, func: str) -> RewardSpec:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise KeyError(f"reward module {module_name!r} cannot be imported: {e}") from None
+    fn = getattr(module, func, None)
+    if not callable(fn):
+        raise KeyError(f"reward module {module_name}: no function {func!r}")
+    for name in REWARDS.names():
+        if REWARDS.get(name).fn is fn:
+            return REWARDS.get(name)
+    return RewardSpec(name=func, fn=fn, heavy=False)
 
 
 def _load_from_file(path: Path, func: str) -> RewardSpec:

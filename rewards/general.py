@@ -48,6 +48,11 @@ def format_think_answer(batch: list[RewardInput], *, require_think: bool = True)
 def _math_parse(text: str, timeout: int | None) -> list:
     from math_verify import parse
 
+    # bare LaTeX ("9\\pi", "\\frac{1}{2}") is read as math first: plain parsing takes "9\\pi" for the number 9
+    if "\\" in text and "$" not in text:
+        found = parse(f"${text}$", parsing_timeout=timeout)
+        if found:
+            return found
     found = parse(text, parsing_timeout=timeout)
     if not found and "$" not in text:
         found = parse(f"${text}$", parsing_timeout=timeout)
