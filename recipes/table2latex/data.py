@@ -21,6 +21,10 @@ Difficulty levels (``LEVELS``), the knob of :func:`build`:
 - 4: 5-9 body rows by 5-7 columns, also section rows (one ``\\multicolumn`` across the table) and
   ``\\addlinespace``.
 
+The tiny recipe (:func:`build_tiny`, the ``data.builder`` of ``tiny.yaml`` and ``sft.yaml``) draws from a
+level of its own, :func:`make_tiny_table`: 2x2 to 3x3 tables of short words and numbers whose LaTeX is short
+enough for the bundled tiny model, and adds a skewed ``sft.jsonl`` split for the warm start.
+
 Rendering is batched: all tables of a split go to ONE :func:`render_latex` call, which packs up to 32 bodies
 per TeX run on all cores (see :mod:`mmrl.rewards.sandbox`). Measured on the shared 2-core machine at 100 dpi:
 ``python -m mmrl.recipes.table2latex.data OUT --n-train 300 --n-eval 100`` builds 400 mixed-difficulty tables
@@ -36,7 +40,7 @@ import html as html_lib
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +49,12 @@ from PIL import Image
 
 from mmrl.rewards.sandbox import render_latex
 
-PROMPT = "<image>Convert this table to LaTeX."
+# The prompt template of every record (generated or converted): the image, then what to write. It asks for the
+# bare ``tabular`` because the reward compiles the answer inside its own fixed preamble (a ``table`` float or a
+# ``\\documentclass`` does not compile there); a fenced ```latex block or <answer> tags are read too.
+PROMPT = (
+    "<image>Convert this table to LaTeX: write one tabular environment with its rows, columns and cell text."
+)
 
 
 @dataclass(frozen=True)
@@ -341,6 +350,36 @@ def make_table(rng: random.Random, difficulty: int) -> Table:
     return Table(spec, rows, n_cols, header_rows, difficulty, rules, [r"\bottomrule"])
 
 
+TINY_SHAPES = ((2, 2), (2, 3), (3, 2), (3, 3))  # (rows, columns); the first is the sft split's majority
+TINY_LABELS = tuple(m for m in METHODS if len(m) <= 6)
+TINY_WORDS = tuple(w for w in WORDS if len(w) <= 4 and w.isalpha())
+
+
+def make_tiny_table(rng: random.Random) -> Table:
+    """A table the bundled tiny model can learn to write (the tiny recipe): 2-3 rows by 2-3 columns
+    (:data:`TINY_SHAPES`), no header, a short name in the first column, then short words, integers below 100 or
+    one-decimal numbers below 10; top and bottom rules half the time. Its LaTeX is 25-55 tokens of the tiny
+    model's tokenizer."""
+    n_rows, n_cols = rng.choice(TINY_SHAPES)
+    rows: list[list[Cell | None]] = []
+    for label in _pick(rng, TINY_LABELS, n_rows):
+        row: list[Cell | None] = [Cell(label, label)]
+        for _ in range(n_cols - 1):
+            roll = rng.random()
+            if roll < 0.3:
+                text = rng.choice(TINY_WORDS)
+            elif roll < 0.65:
+                text = str(rng.randint(0, 99))
+            else:
+                text = f"{rng.uniform(0, 10):.1f}"
+            row.append(Cell(text, text))
+        rows.append(row)
+    spec = "l" + "".join(rng.choice("cr") for _ in range(n_cols - 1))
+    if rng.random() < 0.5:
+        return Table(spec, rows, n_cols, 0, 0)
+    return Table(spec, rows, n_cols, 0, 0, {0: [r"\toprule"]}, [r"\bottomrule"])
+
+
 def _levels(difficulty: int | tuple[int, int]) -> list[int]:
     lo, hi = (difficulty, difficulty) if isinstance(difficulty, int) else difficulty
     if lo not in LEVELS or hi not in LEVELS or lo > hi:
@@ -362,6 +401,50 @@ def render_tables(latex: list[str], *, dpi: float, timeout_s: float, names: list
 def to_png(image: np.ndarray) -> Image.Image:
     """A float grayscale render in [0, 1] as an 8-bit grayscale PIL image."""
     return Image.fromarray((np.clip(image, 0.0, 1.0) * 255).round().astype(np.uint8), mode="L")
+
+
+def _draw(
+    rng: random.Random, n: int, make: Callable[[random.Random], Table], seen: set[str], what: str
+) -> list[Table]:
+    """``n`` tables from ``make`` whose LaTeX is not in ``seen`` (which grows), so splits never share a table."""
+    tables: list[Table] = []
+    attempts = 0
+    while len(tables) < n:
+        attempts += 1
+        if attempts > 50 * n + 100:
+            raise ValueError(f"{what}: cannot draw {n} distinct tables; ask for fewer")
+        table = make(rng)
+        text = table.latex()
+        if text not in seen:
+            seen.add(text)
+            tables.append(table)
+    return tables
+
+
+def _write_split(root: Path, split: str, tables: list[Table], *, dpi: float, timeout_s: float) -> Path:
+    """Render ``tables`` in one sandbox call and write ``<split>.jsonl`` and its images (atomically)."""
+    ids = [f"t2l-{split}-{i:05d}" for i in range(len(tables))]
+    latex = [t.latex() for t in tables]
+    images = render_tables(latex, dpi=dpi, timeout_s=timeout_s, names=ids) if tables else []
+    lines = []
+    for rid, table, text, image in zip(ids, tables, latex, images):
+        rel = f"images/{rid}.png"
+        to_png(image).save(root / rel, optimize=True)
+        meta = {
+            "rows": len(table.rows),
+            "cols": table.n_cols,
+            "shape": f"{len(table.rows)}x{table.n_cols}",
+            "difficulty": table.difficulty,
+            "spans": table.spans,
+        }
+        lines.append(
+            json.dumps({"id": rid, "prompt": PROMPT, "images": [rel], "answer": text, "metadata": meta})
+        )
+    path = root / f"{split}.jsonl"
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in lines))
+    tmp.replace(path)
+    return path
 
 
 def build(
@@ -386,42 +469,55 @@ def build(
     seen: set[str] = set()
     paths = {}
     for split, n, s in (("train", n_train, seed), ("eval", n_eval, seed + 1_000_003)):
-        rng = random.Random(s)
-        tables: list[Table] = []
-        latex: list[str] = []
-        attempts = 0
-        while len(tables) < n:
-            attempts += 1
-            if attempts > 50 * n + 100:
-                raise ValueError(
-                    f"{split}: cannot draw {n} distinct tables at difficulty {difficulty}; ask for fewer"
-                )
-            table = make_table(rng, rng.choice(levels))
-            text = table.latex()
-            if text in seen:
-                continue
-            seen.add(text)
-            tables.append(table)
-            latex.append(text)
-        ids = [f"t2l-{split}-{i:05d}" for i in range(n)]
-        images = render_tables(latex, dpi=dpi, timeout_s=timeout_s, names=ids) if n else []
-        lines = []
-        for rid, table, text, image in zip(ids, tables, latex, images):
-            rel = f"images/{rid}.png"
-            to_png(image).save(root / rel, optimize=True)
-            meta = {
-                "rows": len(table.rows),
-                "cols": table.n_cols,
-                "difficulty": table.difficulty,
-                "spans": table.spans,
-            }
-            lines.append(
-                json.dumps({"id": rid, "prompt": PROMPT, "images": [rel], "answer": text, "metadata": meta})
-            )
-        paths[split] = root / f"{split}.jsonl"
-        tmp = paths[split].with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in lines))
-        tmp.replace(paths[split])
+        tables = _draw(
+            random.Random(s), n, lambda r: make_table(r, r.choice(levels)), seen, f"{split} at {difficulty}"
+        )
+        paths[split] = _write_split(root, split, tables, dpi=dpi, timeout_s=timeout_s)
+    return paths
+
+
+def build_tiny(
+    folder: str | Path,
+    *,
+    n_train: int = 512,
+    n_eval: int = 64,
+    n_sft: int = 1024,
+    sft_keep_other: float = 0.25,
+    seed: int = 0,
+    dpi: float = 150,
+    timeout_s: float = 30.0,
+) -> dict[str, Path]:
+    """The tiny recipe's data: ``train.jsonl`` (RL prompts), ``eval.jsonl`` (held out), ``sft.jsonl`` (the warm
+    start's records) and ``images/``, all drawn by :func:`make_tiny_table` and pairwise disjoint.
+
+    ``train`` and ``eval`` draw the four shapes of :data:`TINY_SHAPES` uniformly. ``sft`` keeps a table that
+    is not 2x2 with probability ``sft_keep_other``, so about 57% of its tables are 2x2 (25% in the RL and
+    held-out splits) at 0.25: a warm start trained on it leans towards two rows and two columns, and RL on
+    the balanced prompts has to teach it to count rows and columns in the image.
+
+    Images are rendered at 150 dpi (the ``latex_table`` reward still compares renders at its own dpi): a 2x2
+    table is then about 160x60 pixels, a 3x3 one 240x90, which the tiny recipe's ``model.max_pixels`` keeps at
+    their size (12-30 image tokens), so the image's size itself tells the rows and columns apart.
+    """
+    root = Path(folder)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    seen: set[str] = set()
+    paths = {}
+
+    def skewed(rng: random.Random) -> Table:
+        while True:
+            table = make_tiny_table(rng)
+            if (len(table.rows), table.n_cols) == TINY_SHAPES[0] or rng.random() < sft_keep_other:
+                return table
+
+    splits = (
+        ("train", n_train, seed, make_tiny_table),
+        ("eval", n_eval, seed + 1_000_003, make_tiny_table),
+        ("sft", n_sft, seed + 2_000_029, skewed),
+    )
+    for split, n, s, make in splits:
+        tables = _draw(random.Random(s), n, make, seen, f"tiny {split}")
+        paths[split] = _write_split(root, split, tables, dpi=dpi, timeout_s=timeout_s)
     return paths
 
 
