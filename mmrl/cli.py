@@ -17,6 +17,17 @@ import argparse
 import sys
 
 
+def _exit_cleanly_on_sigterm() -> None:
+    """SIGTERM (a batch scheduler's stop, ``kill PID``) raises SystemExit in the main thread instead of ending the
+    process at once, so the trainer's ``finally`` closes the reward worker pool (else its forkserver and workers
+    outlive the run) and the logs; the last checkpoint is what ``--resume`` continues from."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from mmrl.checks import check_rewards
     from mmrl.config import load_config
@@ -36,6 +47,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except RunFinished as e:
         print(f"{e}: nothing to do")
         return 0
+    _exit_cleanly_on_sigterm()  # a scheduler's kill stops the run through fit's cleanup (reward workers, logs)
     trainer.fit()
     if not trainer.dist.is_main:
         return 0

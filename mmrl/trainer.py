@@ -164,34 +164,40 @@ class Trainer:
         cfg, metrics = self.cfg, {}
         if self.step == 0:
             self.start()
-        with self._progress() as advance:
-            while self.step < cfg.train.max_steps:
-                self.timings = {}
-                got = self.collector.collect(self.step + 1)  # timed inside: sample, encode, rollout, reward
-                with self.stage("old_logprobs"):
-                    batch = self.make_batch(got)
-                with self.stage("ref_logprobs"):
-                    batch.ref_logp = self.reference_logprobs(batch) if cfg.algo.kl_coef > 0 else None
-                with self.stage("advantages"):
-                    adv_stats = self.advantages(got, batch)
-                with self.stage("update"), self.policy.training():
-                    update_stats = self.updater(batch, self.step)
-                with self.stage("sync_weights"):
-                    self.engine.sync_weights()
-                self.step += 1
-                metrics = {"step": self.step, **self.reward_stats(got), **update_stats, **adv_stats}
-                self.last_kl = metrics["kl"] if cfg.algo.kl_coef > 0 else None  # read by MSSR's forgetting
-                metrics |= self.rollout_stats(got) | got.stats | self.sampler.stats()
-                metrics |= self.maybe_evaluate() | self.throughput(got)
-                self.logger.log(metrics)
-                self._write_rollouts(got)
-                if self.step == cfg.train.max_steps or (
-                    cfg.train.save_every and self.step % cfg.train.save_every == 0
-                ):
-                    self.save()
-                advance(metrics)
-        self.logger.close()
-        self.reward.close()
+        try:
+            with self._progress() as advance:
+                while self.step < cfg.train.max_steps:
+                    self.timings = {}
+                    got = self.collector.collect(
+                        self.step + 1
+                    )  # timed inside: sample, encode, rollout, reward
+                    with self.stage("old_logprobs"):
+                        batch = self.make_batch(got)
+                    with self.stage("ref_logprobs"):
+                        batch.ref_logp = self.reference_logprobs(batch) if cfg.algo.kl_coef > 0 else None
+                    with self.stage("advantages"):
+                        adv_stats = self.advantages(got, batch)
+                    with self.stage("update"), self.policy.training():
+                        update_stats = self.updater(batch, self.step)
+                    with self.stage("sync_weights"):
+                        self.engine.sync_weights()
+                    self.step += 1
+                    metrics = {"step": self.step, **self.reward_stats(got), **update_stats, **adv_stats}
+                    self.last_kl = (
+                        metrics["kl"] if cfg.algo.kl_coef > 0 else None
+                    )  # read by MSSR's forgetting
+                    metrics |= self.rollout_stats(got) | got.stats | self.sampler.stats()
+                    metrics |= self.maybe_evaluate() | self.throughput(got)
+                    self.logger.log(metrics)
+                    self._write_rollouts(got)
+                    if self.step == cfg.train.max_steps or (
+                        cfg.train.save_every and self.step % cfg.train.save_every == 0
+                    ):
+                        self.save()
+                    advance(metrics)
+        finally:  # also on an exception or SIGTERM (the CLI turns it into SystemExit): no orphaned reward workers
+            self.logger.close()
+            self.reward.close()
         return metrics
 
     # ------------------------------------------------------------------ stages
