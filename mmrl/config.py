@@ -57,6 +57,10 @@ class ModelConfig:
     min_pixels: int = opt("smallest image size in pixels after smart_resize", 4 * 28 * 28)
     max_pixels: int = opt("largest image size in pixels after smart_resize", 256 * 28 * 28)
     video_max_pixels: int = opt("largest video frame size in pixels", 64 * 28 * 28)
+    video_min_pixels: int = opt(
+        "smallest video frame size in pixels (qwen-vl-utils' default; lower it for tiny frames)",
+        128 * 28 * 28 // 4,
+    )
     video_fps: float = opt("frames per second sampled from videos", 2.0)
     video_max_frames: int = opt("most frames taken from one video", 16)
     freeze_vision: bool = opt("keep the vision tower's weights fixed", False)

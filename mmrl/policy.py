@@ -283,6 +283,7 @@ class Policy:
                     fps=self.cfg.video_fps,
                     max_frames=self.cfg.video_max_frames,
                     max_pixels=self.cfg.video_max_pixels,
+                    min_pixels=self.cfg.video_min_pixels,
                 )
                 videos.append(clip.frames)
                 video_meta.append(clip.sample_fps)

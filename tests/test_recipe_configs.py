@@ -16,8 +16,12 @@ CONFIGS = sorted(p for p in (ROOT / "recipes").glob("*/*.yaml") if p.parent.name
 
 def test_every_recipe_has_configs():
     names = {p.parent.name for p in CONFIGS}
-    assert {"shapes", "table2latex", "gui"} <= names
-    assert all((ROOT / "recipes" / n / "gpu.yaml").is_file() for n in ("shapes", "table2latex", "gui"))
+    domains = {"shapes", "table2latex", "gui", "pathology", "geometry", "video"}
+    assert domains <= names
+    for n in domains:  # a tiny config for the CPU and a GPU config (geometry: one per variant, MSSR and VADE)
+        assert list((ROOT / "recipes" / n).glob("tiny*.yaml")) and list(
+            (ROOT / "recipes" / n).glob("gpu*.yaml")
+        ), n
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -19,7 +19,9 @@ The losses, per token (A the advantage, rho the ratio pi / pi_old):
   L_i = (A_i - z_i)^2, written on every token of the sequence (use ``seq-mean-token-mean`` for mean_i L_i). No
   clipping. Choices the summary leaves open: l_i is the token mean (length-normalised, as GSPO's), the std is the
   unbiased one as in GRPO's advantages, taken as sqrt(var + eps) so an unmoved policy (var = 0 at the first
-  update) has a finite gradient; a group of one has z = 0.
+  update) has a finite gradient; a group of one has z = 0. Consequence: at the first mini-batch of an update
+  (pi = pi_old) the std is sqrt(eps) = 1e-3, so the gradient is ~1/sqrt(eps) times the centred log-prob gradient
+  and ``grad_norm`` logs in the thousands; ``optim.grad_clip`` then sets the step size (the video recipe saw this).
 
 Aggregations turn token losses into the mini-batch loss. Each is an object with ``numerator(loss, mask, constant)``
 and ``units(mask)``; the mini-batch loss is (sum of numerators over its micro-batches) / (sum of units), which is

@@ -39,7 +39,15 @@ EVAL_MODEL_DEFAULTS: dict[str, Any] = {"max_pixels": 12845056}
 
 # The model settings that change what the model sees (and so its responses); the device and kernels may change on a
 # resume without invalidating the rows already written.
-OUTPUT_MODEL_KEYS = ("dtype", "min_pixels", "max_pixels", "video_max_pixels", "video_fps", "video_max_frames")
+OUTPUT_MODEL_KEYS = (
+    "dtype",
+    "min_pixels",
+    "max_pixels",
+    "video_min_pixels",
+    "video_max_pixels",
+    "video_fps",
+    "video_max_frames",
+)
 
 
 @dataclass
