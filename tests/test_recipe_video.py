@@ -155,7 +155,7 @@ def test_convert_mvbench_cuts_the_bounded_segment(tmp_path):
     assert (recs[0]["metadata"]["start"], recs[0]["metadata"]["end"]) == (2.0, 7.0)
     assert recs[0]["videos"] == recs[1]["videos"], "two questions on one segment share its cut"
     clip = load_video(tmp_path / recs[0]["videos"][0], fps=4.0, max_frames=32, max_pixels=64 * 112 * 4)
-    assert clip.total_frames == 20  # seconds 2-7 at 4 fps
+    assert clip.total_frames == 20  # the 2 s to 7 s segment at 4 fps
     first, last = clip.frames[0], clip.frames[-1]
     assert _colour_mask(first, "red").sum() == 0 and _colour_mask(last, "red").sum() > 100
     assert _colour_mask(last, "blue").sum() > 100
