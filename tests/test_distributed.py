@@ -3,13 +3,13 @@ a 2-process tiny run completes, resumes exactly, and matches a 1-process run whe
 the initial evaluation)."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from multiproc import WALL_CLOCK, shapes_run_config, torchrun
 
 from mmrl.logging import read_metrics
 
@@ -56,32 +56,13 @@ if dist.is_main:
 """
 
 
-WALL_CLOCK = ("vade/select_ms", "vade/draw_ms")
-
-
-def _torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(nproc),
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_two_ranks_times_half_batch_equal_one_rank_times_full_batch(tmp_path, agg):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     for nproc in (1, 2):
-        _torchrun(nproc, str(worker), str(tmp_path), agg, str(TINY), cwd=tmp_path)
+        torchrun(nproc, str(worker), str(tmp_path), agg, str(TINY), cwd=tmp_path)
     one, two = torch.load(tmp_path / "result-1.pt"), torch.load(tmp_path / "result-2.pt")
     for k, w in one["weights"].items():
         assert torch.allclose(w, two["weights"][k], atol=1e-6), k
@@ -91,27 +72,11 @@ def test_two_ranks_times_half_batch_equal_one_rank_times_full_batch(tmp_path, ag
 
 @pytest.mark.slow
 def test_two_process_run_resumes_exactly_and_matches_one_process_where_it_must(tmp_path):
-    from mmrl.recipes.shapes.data import build
-
-    build(tmp_path / "data", n_train=32, n_eval=8, seed=6)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(
-        f"""
-model: {{path: {ROOT / "assets" / "shapes-sft" / "model"}, min_pixels: 3136, max_pixels: 3136}}
-data: {{train: data/train.jsonl, eval: data/eval.jsonl}}
-rollout: {{n: 4, max_new_tokens: 4, batch_size: 8}}
-algo: {{kl_coef: 0.01, mini_batches: 2}}
-optim: {{lr: 0.001, micro_batch_size: 8, schedule_steps: 4, scheduler: cosine}}
-rewards: [{{name: exact_match}}]
-eval: {{every: 2, max_samples: 8}}
-sampler: {{name: vade}}
-train: {{prompts_per_step: 4, save_every: 2, keep_checkpoints: 0, progress: false, seed: 3}}
-"""
-    )
+    cfg = shapes_run_config(tmp_path, micro_batch_size=8)
     run = ["-m", "mmrl", "train", str(cfg), "--output-dir"]
-    _torchrun(2, *run, str(tmp_path / "full"), "--max-steps", "4", cwd=tmp_path)
-    _torchrun(2, *run, str(tmp_path / "split"), "--max-steps", "2", cwd=tmp_path)
-    _torchrun(2, *run, str(tmp_path / "split"), "--max-steps", "4", "--resume", cwd=tmp_path)
+    torchrun(2, *run, str(tmp_path / "full"), "--max-steps", "4", cwd=tmp_path)
+    torchrun(2, *run, str(tmp_path / "split"), "--max-steps", "2", cwd=tmp_path)
+    torchrun(2, *run, str(tmp_path / "split"), "--max-steps", "4", "--resume", cwd=tmp_path)
     r = subprocess.run(
         [
             sys.executable,

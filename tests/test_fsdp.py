@@ -2,19 +2,16 @@
 a sharded tiny run completes, resumes exactly, writes full HF weights that transformers loads, and matches the
 unsharded 2-process run's first steps. (mmrl/fsdp.py; the same code runs on GPUs with nccl.)"""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from multiproc import WALL_CLOCK, shapes_run_config, torchrun
 
 from mmrl.logging import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
-WALL_CLOCK = ("vade/select_ms", "vade/draw_ms")
 
 WORKER = r"""
 import sys, torch
@@ -61,22 +58,6 @@ if dist.is_main:
 """
 
 
-def _torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(nproc),
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
-
-
 def _uneven_seed() -> int:
     """A seed whose step-3 shuffle gives the two ranks different numbers of rows (micro-batches of 1) in a
     mini-batch of 4, so the rank with fewer pads with zero-weight micro-batches."""
@@ -94,8 +75,8 @@ def test_sharded_step_equals_one_process_step(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     seed = str(_uneven_seed())
-    _torchrun(1, str(worker), str(tmp_path), seed, str(TINY), "plain", cwd=tmp_path)
-    _torchrun(2, str(worker), str(tmp_path), seed, str(TINY), "fsdp", cwd=tmp_path)
+    torchrun(1, str(worker), str(tmp_path), seed, str(TINY), "plain", cwd=tmp_path)
+    torchrun(2, str(worker), str(tmp_path), seed, str(TINY), "fsdp", cwd=tmp_path)
     one, two = torch.load(tmp_path / "result-1-plain.pt"), torch.load(tmp_path / "result-2-fsdp.pt")
     assert one["weights"].keys() == two["weights"].keys()
     for k, w in one["weights"].items():
@@ -114,30 +95,14 @@ def test_sharded_run_resumes_exactly_and_saves_full_weights(tmp_path):
     (same initial evaluation, same first rollouts and rewards)."""
     from transformers import AutoModelForImageTextToText
 
-    from mmrl.recipes.shapes.data import build
-
-    build(tmp_path / "data", n_train=32, n_eval=8, seed=6)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(
-        f"""
-model: {{path: {ROOT / "assets" / "shapes-sft" / "model"}, min_pixels: 3136, max_pixels: 3136}}
-data: {{train: data/train.jsonl, eval: data/eval.jsonl}}
-rollout: {{n: 4, max_new_tokens: 4, batch_size: 8}}
-algo: {{kl_coef: 0.01, mini_batches: 2}}
-optim: {{lr: 0.001, micro_batch_size: 4, schedule_steps: 4, scheduler: cosine}}
-rewards: [{{name: exact_match}}]
-eval: {{every: 2, max_samples: 8}}
-sampler: {{name: vade}}
-train: {{prompts_per_step: 4, save_every: 2, keep_checkpoints: 0, progress: false, seed: 3}}
-"""
-    )
+    cfg = shapes_run_config(tmp_path, micro_batch_size=4)
     run = ["-m", "mmrl", "train", str(cfg), "--output-dir"]
-    _torchrun(2, *run, str(tmp_path / "full"), "--max-steps", "4", "train.fsdp=true", cwd=tmp_path)
-    _torchrun(2, *run, str(tmp_path / "split"), "--max-steps", "2", "train.fsdp=true", cwd=tmp_path)
-    _torchrun(
+    torchrun(2, *run, str(tmp_path / "full"), "--max-steps", "4", "train.fsdp=true", cwd=tmp_path)
+    torchrun(2, *run, str(tmp_path / "split"), "--max-steps", "2", "train.fsdp=true", cwd=tmp_path)
+    torchrun(
         2, *run, str(tmp_path / "split"), "--max-steps", "4", "--resume", "train.fsdp=true", cwd=tmp_path
     )
-    _torchrun(2, *run, str(tmp_path / "ddp"), "--max-steps", "1", cwd=tmp_path)
+    torchrun(2, *run, str(tmp_path / "ddp"), "--max-steps", "1", cwd=tmp_path)
 
     def rows(name: str) -> list[dict]:
         return [
@@ -226,7 +191,7 @@ rewards: [{{name: exact_match}}]
 train: {{prompts_per_step: 4, progress: false, seed: 1, fsdp: true}}
 """
     )
-    _torchrun(
+    torchrun(
         2,
         "-m",
         "mmrl",

@@ -1,0 +1,48 @@
+"""Shared by the multi-process tests (test_distributed.py, test_fsdp.py): the real torchrun launcher on gloo, the
+2-process shapes run config they both train, and the metric keys that are wall-clock rather than training state."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WALL_CLOCK = ("vade/select_ms", "vade/draw_ms")
+
+
+def torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def shapes_run_config(tmp_path: Path, micro_batch_size: int) -> Path:
+    """A 4-prompt shapes run with VADE, KL, 2 mini-batches, evaluation and a checkpoint every 2 steps."""
+    from mmrl.recipes.shapes.data import build
+
+    build(tmp_path / "data", n_train=32, n_eval=8, seed=6)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f"""
+model: {{path: {ROOT / "assets" / "shapes-sft" / "model"}, min_pixels: 3136, max_pixels: 3136}}
+data: {{train: data/train.jsonl, eval: data/eval.jsonl}}
+rollout: {{n: 4, max_new_tokens: 4, batch_size: 8}}
+algo: {{kl_coef: 0.01, mini_batches: 2}}
+optim: {{lr: 0.001, micro_batch_size: {micro_batch_size}, schedule_steps: 4, scheduler: cosine}}
+rewards: [{{name: exact_match}}]
+eval: {{every: 2, max_samples: 8}}
+sampler: {{name: vade}}
+train: {{prompts_per_step: 4, save_every: 2, keep_checkpoints: 0, progress: false, seed: 3}}
+"""
+    )
+    return cfg
