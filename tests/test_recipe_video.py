@@ -75,6 +75,23 @@ def test_build_is_deterministic_with_disjoint_splits(tiny_data, tmp_path):
     assert len(load_dataset(tiny_data / "train.jsonl").samples) == 24  # the loader's validation accepts them
 
 
+def test_sft_split_skews_each_kind_by_its_own_rate(tmp_path):
+    """The warm-start split keeps non-majority answers at SFT_KEEP_OTHER's per-kind rate (counting skewed hardest);
+    the RL and held-out splits do not depend on it."""
+    vdata.build(tmp_path / "a", n_train=30, n_eval=6, n_sft=300, seed=5)
+    vdata.build(tmp_path / "b", n_train=30, n_eval=6, n_sft=30, seed=5, sft_keep_other=1.0)
+    share = {}
+    for kind in vdata.KINDS:
+        recs = [r for r in _records(tmp_path / "a" / "sft.jsonl") if r["metadata"]["kind"] == kind]
+        share[kind] = sum(r["metadata"]["answer_text"] == vdata.MAJORITY[kind] for r in recs) / len(recs)
+    # expected majority shares: 1/(1 + 2 x 0.05) = 0.91 for count, 1/(1 + 0.25) = 0.80 and 1/(1 + 2 x 0.25) = 0.67
+    assert share["count"] > 0.85 and 0.65 < share["direction"] < 0.92 and 0.5 < share["order"] < 0.8, share
+    for split in ("train", "eval"):
+        assert _records(tmp_path / "a" / f"{split}.jsonl") == _records(tmp_path / "b" / f"{split}.jsonl")
+    with pytest.raises(ValueError, match="one probability per kind"):
+        vdata.build(tmp_path / "c", n_train=2, n_eval=2, n_sft=2, sft_keep_other={"count": 0.1})
+
+
 @pytest.mark.parametrize("backend", ["decord", "opencv"])
 def test_clips_decode_and_show_their_answer(tiny_data, backend):
     seen = set()
@@ -217,3 +234,22 @@ def test_tiny_recipe_two_step_smoke(tmp_path, monkeypatch, capsys):
     assert video.is_file() and video.suffix == ".mp4"
     assert f"{video} frame 0" in (run / "report.html").read_text()
     assert "held-out accuracy: start" in capsys.readouterr().out
+
+
+def test_headroom_prior_correction_on_hand_computed_logprobs():
+    """benchmarks/video_headroom.py: one constant per letter recovers what a biased prior hides, and no more."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("video_headroom", ROOT / "benchmarks" / "video_headroom.py")
+    headroom = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(headroom)
+    # every row prefers A by 2 nats over what the evidence says: B/C rows are right once B and C get +2..+3
+    logp = np.log(np.array([[0.90, 0.06, 0.04], [0.60, 0.30, 0.10], [0.55, 0.05, 0.40], [0.50, 0.45, 0.05]]))
+    y = np.array([0, 1, 2, 1])
+    assert np.mean(logp.argmax(1) == y) == 0.25
+    best, (off_b, off_c) = headroom.prior_corrected(logp, y)
+    assert best == 1.0
+    assert all(np.argmax(logp[i] + [0, off_b, off_c]) == y[i] for i in range(4))
+    # two identical rows with different answers: no prior makes both right
+    same = np.log(np.array([[0.6, 0.4], [0.6, 0.4]]))
+    assert headroom.prior_corrected(same, np.array([0, 1]))[0] == 0.5

@@ -225,6 +225,12 @@ def _write_jsonl(path: Path, records: list[dict]) -> None:
 
 # The warm-start split over-represents one answer per kind (see ``build``).
 MAJORITY = {"count": "1", "direction": "to the right", "order": "red"}
+# How often the tiny warm-start split keeps a record whose answer is not its kind's MAJORITY one. Counting is skewed
+# hardest (about 93% of its answers are "1"): the warm start then reads the count but answers "1" too often, a prior
+# RL on the balanced prompts corrects. Direction and order, which the tiny model reads almost perfectly from any
+# split, keep a milder skew. With 0.25 for every kind the warm start half-read the count without that prior, and no
+# answer re-weighting could raise it: GRPO had nothing it could learn in minutes (recipes/video/README.md).
+SFT_KEEP_OTHER = {"count": 0.05, "direction": 0.25, "order": 0.25}
 
 
 def build_style(
@@ -234,19 +240,26 @@ def build_style(
     n_train: int,
     n_eval: int,
     n_sft: int,
-    sft_keep_other: float,
+    sft_keep_other: float | dict[str, float],
     seed: int,
 ) -> dict[str, Path]:
     """Write ``train.jsonl`` (RL prompts), ``eval.jsonl`` (held out), ``sft.jsonl`` (warm start) and ``videos/``.
 
     The splits use disjoint seeds and ids. In ``sft`` a record whose answer is not its kind's :data:`MAJORITY`
-    answer is kept with probability ``sft_keep_other``, so the warm start learns a skewed prior that RL on the
-    balanced prompts has to correct (as in the shapes recipe).
+    answer is kept with probability ``sft_keep_other`` (one number, or one per kind), so the warm start learns a
+    skewed prior that RL on the balanced prompts has to correct (as in the shapes recipe).
     """
+    if not isinstance(sft_keep_other, dict):
+        sft_keep_other = dict.fromkeys(KINDS, sft_keep_other)
+    if set(sft_keep_other) != set(KINDS):
+        raise ValueError(
+            f"sft_keep_other must give one probability per kind {KINDS}, got {sorted(sft_keep_other)}"
+        )
     root = Path(folder)
     (root / "videos").mkdir(parents=True, exist_ok=True)
     paths = {}
-    splits = (("train", n_train, seed, 1.0), ("eval", n_eval, seed + 1_000_003, 1.0))
+    balanced = dict.fromkeys(KINDS, 1.0)
+    splits = (("train", n_train, seed, balanced), ("eval", n_eval, seed + 1_000_003, balanced))
     splits += (("sft", n_sft, seed + 2_000_029, sft_keep_other),)
     for split, n, s, keep_other in splits:
         rng = random.Random(s)
@@ -255,8 +268,8 @@ def build_style(
         while len(records) < n:
             rec = make_record(rng, i, split, style, root)
             i += 1
-            majority = MAJORITY[rec["metadata"]["kind"]]
-            if rec["metadata"]["answer_text"] != majority and rng.random() >= keep_other:
+            kind = rec["metadata"]["kind"]
+            if rec["metadata"]["answer_text"] != MAJORITY[kind] and rng.random() >= keep_other[kind]:
                 (root / rec["videos"][0]).unlink()
                 continue
             records.append(rec)
@@ -271,12 +284,14 @@ def build(
     n_train: int = 1000,
     n_eval: int = 200,
     n_sft: int = 1000,
-    sft_keep_other: float = 0.25,
+    sft_keep_other: float | dict[str, float] | None = None,
     seed: int = 0,
 ) -> dict[str, Path]:
-    """The tiny variant's data (:data:`TINY`): ``data.builder: mmrl.recipes.video.data:build``."""
+    """The tiny variant's data (:data:`TINY`): ``data.builder: mmrl.recipes.video.data:build``. The warm-start
+    split's skew is :data:`SFT_KEEP_OTHER` unless ``sft_keep_other`` says otherwise."""
+    keep = SFT_KEEP_OTHER if sft_keep_other is None else sft_keep_other
     return build_style(
-        folder, TINY, n_train=n_train, n_eval=n_eval, n_sft=n_sft, sft_keep_other=sft_keep_other, seed=seed
+        folder, TINY, n_train=n_train, n_eval=n_eval, n_sft=n_sft, sft_keep_other=keep, seed=seed
     )
 
 
