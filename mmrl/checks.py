@@ -61,11 +61,6 @@ def check_components(cfg: Config) -> None:
         except KeyError as e:
             raise ConfigError(f"{field}: {e.args[0]}") from None
 
-    if cfg.train.fsdp and cfg.model.lora.r > 0:
-        raise ConfigError(
-            "train.fsdp with model.lora is not supported yet: train LoRA with plain data parallelism "
-            "(train.fsdp=false), or the full model with FSDP (model.lora.r=0)"
-        )
     if cfg.train.fsdp and cfg.rollout.engine != "hf":
         raise ConfigError(
             f"train.fsdp with rollout.engine {cfg.rollout.engine!r} is not supported yet (its weight sync needs "

@@ -16,6 +16,8 @@ How a step is split, so that N ranks x B/N rows give exactly the update of 1 ran
   across ranks (no DDP wrapper: the policy runs the language-model head chunk by chunk outside the model's
   ``forward``, which a DDP wrapper's hooks would not see); with ``train.fsdp`` the policy is sharded instead and
   FSDP2's reduce-scatter does the sum (:mod:`mmrl.fsdp`);
+- every rank starts from rank 0's weights: a checkpoint loads identically everywhere, and fresh LoRA adapters (drawn
+  from each rank's own RNG stream) are broadcast from rank 0 before training or sharding;
 - rank 0 alone writes logs, reports and checkpoints (full HF weights); every rank saves and restores its own RNG.
 """
 
@@ -75,6 +77,14 @@ class Dist:
         for g in grads:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
+
+    def broadcast(self, tensors: list[torch.Tensor]) -> None:
+        """Overwrite every rank's ``tensors`` with rank 0's, in place, one at a time (no flat copy of them all)."""
+        if self.world == 1:
+            return
+        with torch.no_grad():
+            for t in tensors:
+                torch.distributed.broadcast(t.data, src=0)
 
     def sum(self, values: dict[str, float]) -> dict[str, float]:
         if self.world == 1:

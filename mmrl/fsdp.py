@@ -23,9 +23,14 @@ How it fits mmrl's data parallelism (:mod:`mmrl.distributed`):
   the full weights before sharding and its slice of the optimizer state.
 
 With ``model.dtype: bfloat16`` the blocks are gathered in bf16 and gradients reduced in fp32
-(``MixedPrecisionPolicy``); the sharded fp32 parameters stay the master weights. Not combined yet: LoRA (peft
-wrapping order) and the vLLM engine (its weight sync would need the gathered full state on every rank), refused
-by the pre-flight checks.
+(``MixedPrecisionPolicy``); the sharded fp32 parameters stay the master weights.
+
+With LoRA (``model.lora``), peft injects the adapters before sharding, so each block's FSDP unit holds its frozen
+base weights and its trainable adapters together (FSDP2 shards both and reduces gradients only for the adapters,
+which alone are in the optimizer). A checkpoint then holds the adapter (``adapter/``, peft format) and, with
+``lora.save_merged``, the merged HF model, both made on rank 0 from the gathered full state
+(:meth:`mmrl.policy.Policy.save`). Not combined yet: the vLLM engine (its weight sync would need the gathered full
+state on every rank), refused by the pre-flight checks.
 """
 
 from __future__ import annotations

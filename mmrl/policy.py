@@ -436,21 +436,36 @@ class Policy:
         with self.peft.disable_adapter():
             yield self
 
-    def merged_state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's weights in the plain HF layout; with LoRA, each adapted weight is W + (alpha / r) B A."""
+    def merged_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """The model's weights in the plain HF layout, from ``state`` (a sharded policy's gathered full weights,
+        :meth:`full_state_dict`) or else the model's own. With LoRA each adapted weight is
+        ``W + scaling B A`` summed over the active adapters (peft's ``get_delta_weight`` for ``Linear``, computed
+        here from the tensors in ``state`` because a sharded module holds only its shard)."""
+        if state is None:
+            state = {k: v.detach() for k, v in self.model.state_dict().items()}
         if self.peft is None:
-            return {k: v.detach() for k, v in self.model.state_dict().items()}
+            return state
+        from peft.tuners.lora import Linear as LoraLinear
         from peft.tuners.lora import LoraLayer
 
-        out = {k: v.detach() for k, v in self.model.state_dict().items() if "lora_" not in k}
+        out = {k: v for k, v in state.items() if "lora_" not in k}
         for name, module in self.model.named_modules():
-            if isinstance(module, LoraLayer):
-                w = module.get_base_layer().weight.detach()
-                delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
-                out[f"{name}.weight"] = (w + delta).to(w.dtype)
-                out.pop(f"{name}.base_layer.weight", None)
-                if f"{name}.base_layer.bias" in out:
-                    out[f"{name}.bias"] = out.pop(f"{name}.base_layer.bias")
+            if not isinstance(module, LoraLayer):
+                continue
+            dora = any(getattr(module, "use_dora", {}).get(a, False) for a in module.active_adapters)
+            if not isinstance(module, LoraLinear) or dora:
+                raise TypeError(
+                    f"LoRA layer {name} is a {type(module).__name__}: only plain Linear adapters can be merged; "
+                    "narrow model.lora.target_modules to Linear projections"
+                )
+            w = out.pop(f"{name}.base_layer.weight")
+            delta = torch.zeros_like(w, dtype=torch.float32)
+            for a in module.active_adapters:
+                d = state[f"{name}.lora_B.{a}.weight"].float() @ state[f"{name}.lora_A.{a}.weight"].float()
+                delta += (d.T if module.fan_in_fan_out else d) * module.scaling[a]
+            out[f"{name}.weight"] = (w.float() + delta).to(w.dtype)
+            if f"{name}.base_layer.bias" in out:
+                out[f"{name}.bias"] = out.pop(f"{name}.base_layer.bias")
         return out
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
@@ -466,18 +481,19 @@ class Policy:
         """HF format (processor included). With LoRA: ``path/adapter/``, plus the merged model when asked.
         ``state_dict``: the gathered full weights of a sharded policy (:meth:`full_state_dict`)."""
         path = Path(path)
-        if state_dict is not None:
-            self.model.save_pretrained(path, state_dict=state_dict)
-            self.processor.save_pretrained(path)
-            return
-        if self.peft is not None:
-            self.peft.save_pretrained(path / "adapter")
-            self.processor.save_pretrained(path)
-            if self.cfg.lora.save_merged:
-                self.model.save_pretrained(path, state_dict=self.merged_state_dict())
-            return
-        self.model.save_pretrained(path)
         self.processor.save_pretrained(path)
+        if self.peft is not None:
+            # peft names its own state "base_model.model.<the wrapped model's names>"
+            given = (
+                {}
+                if state_dict is None
+                else {"state_dict": {f"base_model.model.{k}": v for k, v in state_dict.items()}}
+            )
+            self.peft.save_pretrained(path / "adapter", **given)
+            if self.cfg.lora.save_merged:
+                self.model.save_pretrained(path, state_dict=self.merged_state_dict(state_dict))
+            return
+        self.model.save_pretrained(path, **({} if state_dict is None else {"state_dict": state_dict}))
 
 
 def _add_lora(model: Any, cfg: ModelConfig, adapter: Path | None) -> Any:

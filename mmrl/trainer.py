@@ -86,6 +86,8 @@ class Trainer:
         eval_data = load_split(cfg.data, cfg.data.eval, skipped) if cfg.data.eval else []
         a = cfg.algo
         self.policy = Policy.from_pretrained(cfg.model, path=str(ckpt / "model") if ckpt else None)
+        if self.policy.peft is not None:  # fresh adapters come from each rank's own stream: take rank 0's
+            dist.broadcast([p for p in self.policy.model.parameters() if p.requires_grad])
         if fsdp.wanted(cfg.train.fsdp, dist.world):
             cfg.train.fsdp = True
             check_config(cfg)  # what FSDP cannot be combined with yet, when the launcher asked for it

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from multiproc import WALL_CLOCK, shapes_run_config, torchrun
+from transformers import AutoModelForImageTextToText
 
 from mmrl.logging import read_metrics
 
@@ -29,10 +30,10 @@ if dist.is_main:
     Image.new("RGB", (56, 56), (9, 99, 199)).save(img)
 dist.barrier()
 cfg = load_config(None, [f"model.path={tiny}", "model.max_pixels=3136", "rollout.n=2", "optim.micro_batch_size=1",
-                         "algo.kl_coef=0.1", "algo.mini_batches=2", f"train.seed={seed}"])
+                         "algo.kl_coef=0.1", "algo.mini_batches=2", f"train.seed={seed}", *sys.argv[5:]])
 torch.manual_seed(0)
 pol = Policy.from_pretrained(cfg.model)
-ref = Policy.from_pretrained(cfg.model, trainable=False)
+ref = Policy.from_pretrained(cfg.model, trainable=False)  # frozen: no adapters even with model.lora
 s = Sample("q", [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}], [img])
 p = pol.encode(s)
 comps = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15], [16, 17, 18, 19], [20], [21, 22], [23, 24, 25]]
@@ -69,14 +70,17 @@ def _uneven_seed() -> int:
 
 
 @pytest.mark.slow
-def test_sharded_step_equals_one_process_step(tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_sharded_step_equals_one_process_step(tmp_path, lora):
     """2 ranks with FSDP2, one of them padded with zero-weight micro-batches, give the 1-process update: every full
-    weight within 1e-6 after two optimizer steps, the same statistics."""
+    weight within 1e-6 after two optimizer steps, the same statistics. With LoRA the blocks' FSDP units hold frozen
+    base weights and trainable adapters together: the adapters move, the base weights do not."""
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     seed = str(_uneven_seed())
-    torchrun(1, str(worker), str(tmp_path), seed, str(TINY), "plain", cwd=tmp_path)
-    torchrun(2, str(worker), str(tmp_path), seed, str(TINY), "fsdp", cwd=tmp_path)
+    extra = ["model.lora.r=4", "model.lora.alpha=8"] if lora else []
+    torchrun(1, str(worker), str(tmp_path), seed, str(TINY), "plain", *extra, cwd=tmp_path)
+    torchrun(2, str(worker), str(tmp_path), seed, str(TINY), "fsdp", *extra, cwd=tmp_path)
     one, two = torch.load(tmp_path / "result-1-plain.pt"), torch.load(tmp_path / "result-2-fsdp.pt")
     assert one["weights"].keys() == two["weights"].keys()
     for k, w in one["weights"].items():
@@ -85,6 +89,14 @@ def test_sharded_step_equals_one_process_step(tmp_path):
     # of the second mini-batch, computed after the first update, agree to 1e-4
     for key in ("loss", "pg_loss", "kl", "grad_norm", "clip_frac_high", "ratio_mean"):
         assert one["stats"][key] == pytest.approx(two["stats"][key], rel=1e-4, abs=1e-7), key
+    adapters = [k for k in two["weights"] if "lora_B" in k]
+    assert bool(adapters) == lora
+    if lora:  # lora_B starts at zero: the update moved it, and left every base weight as loaded
+        assert all(two["weights"][k].abs().max() > 1e-4 for k in adapters)
+        base = AutoModelForImageTextToText.from_pretrained(TINY).state_dict()
+        for k, w in two["weights"].items():
+            if "lora_" not in k:
+                assert torch.equal(w, base[k.replace(".base_layer", "")]), k
 
 
 @pytest.mark.slow
@@ -93,8 +105,6 @@ def test_sharded_run_resumes_exactly_and_saves_full_weights(tmp_path):
     writes the same metrics as the uninterrupted run; its checkpoint is full HF weights that transformers loads and
     that equal the uninterrupted run's; and until the first update it sees what the unsharded 2-process run sees
     (same initial evaluation, same first rollouts and rewards)."""
-    from transformers import AutoModelForImageTextToText
-
     cfg = shapes_run_config(tmp_path, micro_batch_size=4)
     run = ["-m", "mmrl", "train", str(cfg), "--output-dir"]
     torchrun(2, *run, str(tmp_path / "full"), "--max-steps", "4", "train.fsdp=true", cwd=tmp_path)
@@ -127,6 +137,69 @@ def test_sharded_run_resumes_exactly_and_saves_full_weights(tmp_path):
     assert any(not torch.equal(v, start[k]) for k, v in weights["full"].items())  # it trained
 
 
+@pytest.mark.slow
+def test_sharded_lora_run_resumes_and_saves_the_adapter_and_merged_model(tmp_path):
+    """FSDP2 + LoRA over 2 processes: stopped at step 2 and resumed, it writes the metrics and the step-4 adapter of
+    the uninterrupted run; its first step matches the unsharded 2-process LoRA run's (which needs every rank to
+    start from rank 0's fresh adapters: before they were broadcast, each rank drew its own lora_A, and the first
+    step's grad_norm was 0.096 sharded against 0.067 unsharded); the merged model it saves
+    (made on rank 0 from the gathered shards) is what peft's own merge_and_unload makes of the saved adapter, and
+    transformers loads it. (Later steps are not compared with the unsharded run: AdamW's first steps turn the
+    float noise of the reduction order into +-lr differences, as in test_sharded_step_equals_one_process_step.)"""
+    from peft import PeftModel
+
+    cfg = shapes_run_config(tmp_path, micro_batch_size=4)
+    run = ["-m", "mmrl", "train", str(cfg), "--output-dir"]
+    lora = ["model.lora.r=4", "model.lora.alpha=8", "model.lora.save_merged=true"]
+    torchrun(2, *run, str(tmp_path / "full"), "--max-steps", "4", "train.fsdp=true", *lora, cwd=tmp_path)
+    torchrun(2, *run, str(tmp_path / "split"), "--max-steps", "2", "train.fsdp=true", *lora, cwd=tmp_path)
+    torchrun(
+        2,
+        *run,
+        str(tmp_path / "split"),
+        "--max-steps",
+        "4",
+        "--resume",
+        "train.fsdp=true",
+        *lora,
+        cwd=tmp_path,
+    )
+    torchrun(2, *run, str(tmp_path / "ddp"), "--max-steps", "1", *lora, cwd=tmp_path)
+
+    def rows(name: str) -> list[dict]:
+        return [
+            {k: v for k, v in r.items() if not k.startswith(("time/", "sys/")) and k not in WALL_CLOCK}
+            for r in read_metrics(tmp_path / name / "metrics.jsonl")
+        ]
+
+    full, ddp = rows("full"), rows("ddp")
+    assert full == rows("split") and [r["step"] for r in full] == [0, 1, 2, 3, 4]
+    assert full[0] == ddp[0]  # the initial evaluation
+    for key in ("reward/mean", "rollout/groups_with_signal", "response_length/mean"):
+        assert full[1][key] == ddp[1][key], key
+    for key in ("loss", "kl", "grad_norm"):
+        assert full[1][key] == pytest.approx(ddp[1][key], rel=1e-4, abs=1e-6), key
+    base = ROOT / "assets" / "shapes-sft" / "model"
+    adapters = {}
+    for name in ("full", "split"):
+        model = PeftModel.from_pretrained(
+            AutoModelForImageTextToText.from_pretrained(base),
+            tmp_path / name / "checkpoints" / "step-4" / "model" / "adapter",
+        )
+        adapters[name] = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    assert adapters["full"] and all(torch.equal(v, adapters["split"][k]) for k, v in adapters["full"].items())
+    assert all(v.abs().max() > 0 for k, v in adapters["full"].items() if "lora_B" in k)  # it trained
+    peft_merged = model.merge_and_unload().state_dict()
+    merged = AutoModelForImageTextToText.from_pretrained(
+        tmp_path / "split" / "checkpoints" / "step-4" / "model"
+    ).state_dict()
+    assert merged.keys() == peft_merged.keys()
+    for k, v in merged.items():
+        assert torch.allclose(v, peft_merged[k], atol=1e-6), k
+    start = AutoModelForImageTextToText.from_pretrained(base).state_dict()
+    assert any(not torch.equal(v, start[k]) for k, v in merged.items())
+
+
 def test_fsdp_follows_the_setting_then_the_launcher_and_never_shards_one_process(monkeypatch):
     from mmrl.fsdp import wanted
 
@@ -141,7 +214,6 @@ def test_fsdp_follows_the_setting_then_the_launcher_and_never_shards_one_process
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["model.lora.r=8"], "train.fsdp with model.lora is not supported yet"),
         (["rollout.engine=vllm"], "train.fsdp with rollout.engine 'vllm' is not supported yet"),
     ],
 )
@@ -174,8 +246,6 @@ def test_resuming_with_another_fsdp_setting_names_the_fix(tmp_path):
 def test_sharded_bf16_run_with_activation_checkpointing_keeps_fp32_master_weights(tmp_path):
     """FSDP2 with bf16 gathers and fp32 gradient reduction (model.dtype bfloat16) and activation checkpointing:
     two steps train, and the checkpoint holds fp32 weights (the sharded master copy) that moved."""
-    from transformers import AutoModelForImageTextToText
-
     from mmrl.recipes.shapes.data import build
 
     build(tmp_path / "data", n_train=16, n_eval=4, seed=2)
