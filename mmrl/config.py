@@ -303,6 +303,11 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return dict(value)
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    if tp is float and isinstance(value, str):  # PyYAML (YAML 1.1) reads 1e-6, with no dot, as a string
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
     if tp is bool and not isinstance(value, bool):
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
     if tp is int and (isinstance(value, bool) or not isinstance(value, int)):

@@ -21,6 +21,16 @@ def test_types_are_checked():
     # model loads: tests/test_hardening_runs.py::test_config_errors_are_one_line_before_any_model_loads
     cfg = from_dict(Config, {"optim": {"lr": 1}})
     assert isinstance(cfg.optim.lr, float)
+    with pytest.raises(ConfigError, match=r"optim.lr: expected float, got 'fast'"):
+        from_dict(Config, {"optim": {"lr": "fast"}})
+
+
+def test_exponent_floats_without_a_dot_are_floats(tmp_path):
+    """PyYAML reads 1e-6 (no dot) as a string, in files and in key=value overrides alike: a float field takes it."""
+    p = tmp_path / "c.yaml"
+    p.write_text("optim:\n  lr: 1e-6\nalgo:\n  kl_coef: 5E-3\n")
+    cfg = load_config(p, ["optim.weight_decay=1e-2"])
+    assert (cfg.optim.lr, cfg.algo.kl_coef, cfg.optim.weight_decay) == (1e-6, 5e-3, 1e-2)
 
 
 def test_overrides_and_reward_list(tmp_path):
