@@ -187,18 +187,53 @@ def validate_record(
     )
 
 
-def ensure_built(train: str, builder: str | None) -> None:
-    """Run the recipe's data builder when its records are not on disk yet."""
-    if not builder or Path(train).exists():
-        return
+BUILD_STAMP = ".mmrl-build.json"
+
+
+def _builder(builder: str) -> Any:
     import importlib
 
     module, _, fn = builder.partition(":")
     if not fn:
         raise DataError(f"data.builder {builder!r} must look like 'package.module:function'")
-    getattr(importlib.import_module(module), fn)(Path(train).parent)
+    return getattr(importlib.import_module(module), fn)
+
+
+def _builder_digest(fn: Any) -> str:
+    """sha256 of the source of the module that defines the builder: what its output depends on, short of running it."""
+    import hashlib
+    import inspect
+
+    return hashlib.sha256(inspect.getsource(inspect.getmodule(fn)).encode()).hexdigest()
+
+
+def ensure_built(train: str, builder: str | None) -> None:
+    """Run the recipe's data builder when its records are not on disk yet, and stamp the folder with the builder's
+    source digest (``.mmrl-build.json``). Records already there are kept, but if the builder's module changed since
+    it stamped them, a warning says the data may be stale and how to rebuild it."""
+    if not builder:
+        return
+    folder = Path(train).parent
+    stamp = folder / BUILD_STAMP
+    if Path(train).exists():
+        if stamp.is_file():
+            built = json.loads(stamp.read_text())
+            if built.get("builder") == builder and built.get("source_sha256") != _builder_digest(
+                _builder(builder)
+            ):
+                import warnings
+
+                warnings.warn(
+                    f"{folder} was built by an earlier version of {builder} (its module has changed since): the "
+                    f"records may differ from what it builds now; delete {folder} to rebuild them",
+                    stacklevel=2,
+                )
+        return
+    fn = _builder(builder)
+    fn(folder)
     if not Path(train).exists():
         raise DataError(f"data.builder {builder!r} ran but did not write {train}")
+    stamp.write_text(json.dumps({"builder": builder, "source_sha256": _builder_digest(fn)}) + "\n")
 
 
 def load_dataset(

@@ -146,3 +146,33 @@ def test_columnar_records_with_different_fields_load_as_from_jsonl(tmp_path, img
     as_jsonl = load_dataset(_write(folder, rows)).samples
     assert as_jsonl[0].metadata == {"region": [1, 2, 3, 4]} and as_jsonl[1].images == []
     assert load_dataset(path).samples == as_jsonl
+
+
+def test_builder_data_is_stamped_and_a_changed_builder_is_reported(tmp_path, monkeypatch):
+    """ensure_built runs the builder once and stamps the folder with its module's source digest; when that module
+    changes later, the records are kept but a warning names the folder to delete."""
+    import warnings
+
+    from mmrl.data import BUILD_STAMP, ensure_built
+
+    src = tmp_path / "mybuilder.py"
+    src.write_text(
+        "from pathlib import Path\n\n\ndef build(folder):\n"
+        "    Path(folder).mkdir(parents=True, exist_ok=True)\n"
+        "    (Path(folder) / 'train.jsonl').write_text('{\"id\": \"a\", \"prompt\": \"hi\"}\\n')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    train = tmp_path / "data" / "train.jsonl"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ensure_built(str(train), "mybuilder:build")
+        ensure_built(str(train), "mybuilder:build")  # built and unchanged: silent
+    stamp = json.loads((train.parent / BUILD_STAMP).read_text())
+    assert stamp["builder"] == "mybuilder:build" and len(stamp["source_sha256"]) == 64
+    records = train.read_text()
+    src.write_text(src.read_text() + "# the builder changed\n")
+    with pytest.warns(UserWarning, match=r"built by an earlier version of mybuilder:build.*delete .*data"):
+        ensure_built(str(train), "mybuilder:build")
+    assert train.read_text() == records  # kept: the user decides
+    with pytest.raises(DataError, match="must look like 'package.module:function'"):
+        ensure_built(str(tmp_path / "other" / "train.jsonl"), "mybuilder")
