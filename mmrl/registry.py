@@ -48,7 +48,8 @@ def validate_kwargs(fn: Callable, options: dict, what: str, *, skip: tuple[str, 
 
     target = fn.__init__ if inspect.isclass(fn) else fn
     signature = inspect.signature(target).parameters
-    open_ended = any(p.kind is p.VAR_KEYWORD for p in signature.values())  # **options: passed on, not checked here
+    # **options: passed on, not checked here
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in signature.values())
     params = {
         n: p
         for n, p in signature.items()

@@ -82,7 +82,9 @@ def resume_point(out: Path, max_steps: int) -> Path:
     """The checkpoint a resumed run starts from (read-only: what ranks other than 0 call after rank 0 prepared)."""
     ckpt = latest_checkpoint(out / "checkpoints")
     if ckpt is None:
-        raise ConfigError(f"--resume: no complete checkpoint under {out / 'checkpoints'} (start without --resume)")
+        raise ConfigError(
+            f"--resume: no complete checkpoint under {out / 'checkpoints'} (start without --resume)"
+        )
     step = int(ckpt.name.removeprefix("step-"))
     if step >= max_steps:
         raise RunFinished(f"the run in {out} already finished at step {step} (train.max_steps={max_steps})")

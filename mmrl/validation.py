@@ -72,7 +72,8 @@ class Validator:
         scores = [r.score for r in results]
         ok = [sc >= self.cfg.eval.success_threshold - 1e-6 for sc in scores]
         out = {"eval/accuracy": sum(ok) / len(ok), "eval/reward_mean": sum(scores) / len(scores)}
-        parts: dict[str, list[float]] = {}  # each reward part's held-out mean (a click's coordinate part, ...)
+        # each reward part's held-out mean (a click's coordinate part, ...)
+        parts: dict[str, list[float]] = {}
         for r in results:
             for k, v in (r.parts or {}).items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):

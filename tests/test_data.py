@@ -159,7 +159,7 @@ def test_builder_data_is_stamped_and_a_changed_builder_is_reported(tmp_path, mon
     src.write_text(
         "from pathlib import Path\n\n\ndef build(folder):\n"
         "    Path(folder).mkdir(parents=True, exist_ok=True)\n"
-        "    (Path(folder) / 'train.jsonl').write_text('{\"id\": \"a\", \"prompt\": \"hi\"}\\n')\n"
+        '    (Path(folder) / \'train.jsonl\').write_text(\'{"id": "a", "prompt": "hi"}\\n\')\n'
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     train = tmp_path / "data" / "train.jsonl"

@@ -271,7 +271,9 @@ def test_presets_train_and_resume_exactly(recipe, tmp_path, preset):
         assert all(r["rollout/groups_with_signal"] == 1.0 for r in a)  # only informative groups kept
 
 
-def test_rendering_rewards_without_landlock_are_refused_before_training(recipe, tmp_path, capsys, monkeypatch):
+def test_rendering_rewards_without_landlock_are_refused_before_training(
+    recipe, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setenv("MMRL_SANDBOX_DISABLE_LANDLOCK", "1")
     monkeypatch.delenv("MMRL_ALLOW_UNCONFINED_RENDER", raising=False)
     out = tmp_path / "r"

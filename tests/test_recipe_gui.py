@@ -116,7 +116,9 @@ def test_tiny_recipe_trains_two_steps_and_its_report_shows_clicks_in_a_browser(t
     assert all("eval/reward_mean" in r for r in rows)
     assert all(f"reward/gui_action/{p}" in rows[-1] for p in ("type", "coord", "format"))
     # the held-out mean of each part (the click's coordinate curve), from the same rewards
-    assert all(0.0 <= r[f"eval/part/gui_action/{p}"] <= 1.0 for r in rows for p in ("type", "coord", "format"))
+    assert all(
+        0.0 <= r[f"eval/part/gui_action/{p}"] <= 1.0 for r in rows for p in ("type", "coord", "format")
+    )
     logged = _rows(run / "rollouts.jsonl")
     assert {r["step"] for r in logged} == {1, 2} and all(len(r["responses"]) == 8 for r in logged)
 

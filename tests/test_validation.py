@@ -45,6 +45,8 @@ train: {{prompts_per_step: 2, progress: false}}
 
 def test_unknown_benchmark_is_a_one_line_error(tmp_path, capsys):
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(f"data: {{train: {tmp_path}}}\nrewards: [{{name: exact_match}}]\neval: {{benchmark: mathvistaa}}\n")
+    cfg.write_text(
+        f"data: {{train: {tmp_path}}}\nrewards: [{{name: exact_match}}]\neval: {{benchmark: mathvistaa}}\n"
+    )
     assert main(["train", str(cfg), "--output-dir", str(tmp_path / "r")]) == 2
     assert "eval.benchmark: unknown benchmark 'mathvistaa'" in capsys.readouterr().err
