@@ -255,8 +255,8 @@ def main() -> None:
             flush=True,
         )
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "results.json").write_text(json.dumps({"settings": vars(a) | {"cache": str(a.cache), "out": str(a.out)},
-                                                    "results": results}, indent=1, default=str))  # fmt: skip
+    summary = {"settings": vars(a), "results": results}
+    (a.out / "results.json").write_text(json.dumps(summary, indent=1, default=str))  # paths as strings
     if len(results) == 2:
         c, n = results["checkpointing"], results["plain"]
         print(
