@@ -23,10 +23,16 @@ How a step is split, so that N ranks x B/N rows give exactly the update of 1 ran
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Any
 
 import torch
+
+
+def _destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 class Dist:
@@ -40,6 +46,9 @@ class Dist:
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             state = PartialState(backend=backend)
             self.rank, self.world, self.device = state.process_index, state.num_processes, state.device
+            # a process group left to interpreter teardown can abort the process at exit ("terminate called
+            # without an active exception": gloo's threads still hold tensors); destroy it while Python is alive
+            atexit.register(_destroy_process_group)
 
     @property
     def is_main(self) -> bool:
