@@ -1,10 +1,11 @@
 """One training run of a recipe inside a benchmark: the overrides every comparison needs, the run, its metrics.
 
-Shared by ``mssr_vs_grpo.py`` and ``vade_recipe.py`` (scripts run as ``python benchmarks/NAME.py``, so this sibling
-module is importable)."""
+Shared by ``mssr_vs_grpo.py``, ``vade_recipe.py`` and the ``<recipe>_tiny.py`` scripts (scripts run as
+``python benchmarks/NAME.py``, so this sibling module is importable)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -41,3 +42,18 @@ def train_recipe(
     wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return cfg, rows, wall
+
+
+def seed_options(description: str, recipe: Path, out: Path) -> tuple[argparse.Namespace, Any, int]:
+    """The 3-seed recipe benchmarks' command line (``--seeds``, ``--steps``, ``--out``, ``key=value`` overrides):
+    the parsed arguments, the recipe's config with the overrides, and the number of training steps."""
+    from mmrl.config import load_config
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, help="training steps (default: the recipe's train.max_steps)")
+    p.add_argument("--out", type=Path, default=out)
+    p.add_argument("overrides", nargs="*", help="extra key=value overrides for every seed")
+    a = p.parse_args()
+    base = load_config(recipe, a.overrides)
+    return a, base, a.steps or base.train.max_steps

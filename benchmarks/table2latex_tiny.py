@@ -14,14 +14,13 @@ the share of answers with the reference's number of rows and columns: what RL ch
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from recipe_runs import train_recipe
+from recipe_runs import seed_options, train_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "table2latex" / "tiny.yaml"
@@ -81,16 +80,7 @@ def _fmt(d: dict[str, float]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, help="training steps (default: the recipe's train.max_steps)")
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-table2latex-tiny")
-    p.add_argument("overrides", nargs="*", help="extra key=value overrides for every seed")
-    a = p.parse_args()
-    from mmrl.config import load_config
-
-    base = load_config(RECIPE, a.overrides)
-    steps = a.steps or base.train.max_steps
+    a, base, steps = seed_options(__doc__.split("\n\n")[0], RECIPE, ROOT / "runs" / "bench-table2latex-tiny")
     t0 = time.perf_counter()
     start = heldout_parts(base, base.model.path)
     print(f"start model {base.model.path}: {_fmt(start)}  ({time.perf_counter() - t0:.0f} s)", flush=True)

@@ -16,13 +16,12 @@ times are only comparable at similar load.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
 from pathlib import Path
 
-from recipe_runs import train_recipe
+from recipe_runs import seed_options, train_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "video" / "tiny.yaml"
@@ -34,16 +33,7 @@ def _kinds(row: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, help="training steps (default: the recipe's train.max_steps)")
-    p.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-video-tiny")
-    p.add_argument("overrides", nargs="*", help="extra key=value overrides for every seed")
-    a = p.parse_args()
-    from mmrl.config import load_config
-
-    base = load_config(RECIPE, a.overrides)
-    steps = a.steps or base.train.max_steps
+    a, base, steps = seed_options(__doc__.split("\n\n")[0], RECIPE, ROOT / "runs" / "bench-video-tiny")
     t0 = time.perf_counter()
     starts, finals, walls = [], [], []
     for seed in a.seeds:
