@@ -37,30 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
 
-TEXT_3B = {
-    "hidden_size": 2048,
-    "intermediate_size": 11008,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128000,
-    "rms_norm_eps": 1e-6,
-    "vocab_size": 151936,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
-}
-VISION_3B = {
-    "depth": 32,
-    "hidden_size": 1280,
-    "intermediate_size": 3420,
-    "num_heads": 16,
-    "out_hidden_size": 2048,
-    "patch_size": 14,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "tokens_per_second": 2,
-    "window_size": 112,
-    "fullatt_block_indexes": [7, 15, 23, 31],
-}
+CONFIG_3B = ROOT / "assets" / "configs" / "Qwen2.5-VL-3B-Instruct"  # the published config.json
 
 REWARD = '''
 from mmrl.types import RewardResult
@@ -75,13 +52,16 @@ def letters(batch):
 
 def make_config(arch: str):
     """The Qwen2.5-VL config of ``arch``'s shapes, with the bundled tokenizer's special-token ids."""
-    from transformers import AutoTokenizer, Qwen2_5_VLConfig
+    from transformers import AutoConfig, AutoTokenizer, Qwen2_5_VLConfig
 
     from mmrl.tiny import QWEN_SPECIAL_TOKENS, TEXT_ARCH, VISION_ARCH
 
     tok = AutoTokenizer.from_pretrained(TINY)
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
-    text, vision = (TEXT_3B, VISION_3B) if arch == "3b" else (TEXT_ARCH, VISION_ARCH)
+    text, vision = TEXT_ARCH, VISION_ARCH
+    if arch == "3b":
+        published = AutoConfig.from_pretrained(CONFIG_3B)
+        text, vision = published.text_config.to_dict(), published.vision_config.to_dict()
     text = {**text, "vocab_size": max(text.get("vocab_size", 0), len(tok))}
     text.update(
         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"]
@@ -154,6 +134,21 @@ def write_data(folder: Path, n: int, width: int, height: int) -> Path:
     return folder / "train.jsonl"
 
 
+def planned(cfg) -> dict:
+    """What ``mmrl plan`` predicts for this run on one GPU: torch's allocator peak (the measure of
+    ``torch.cuda.max_memory_allocated``) and its stage. The prompt's text tokens are bounded by its characters plus
+    the chat template's own (~24 tokens); the image's visual tokens follow from ``model.max_pixels``."""
+    from mmrl.memory import PlanOptions
+    from mmrl.plan import plan_run, torch_peak
+
+    text = max(
+        len(json.loads(x)["prompt"]) for x in Path(cfg.data.train).read_text().splitlines() if x.strip()
+    )
+    p = plan_run(cfg, PlanOptions(gpus=1, nodes=1, images=1, text_tokens=text + 24), advise=False)
+    peak, stage = torch_peak(p)
+    return {"planned_peak_gib": peak / 2**30, "planned_stage": stage}
+
+
 def run_setting(a: argparse.Namespace, checkpointing: bool) -> dict:
     """Train ``a.steps`` steps in this process and return the timings and the peak memory."""
     import resource
@@ -188,10 +183,10 @@ def run_setting(a: argparse.Namespace, checkpointing: bool) -> dict:
         "train.seed=0",
     ]
     cfg = load_config(None, overrides)
+    result: dict = {"checkpointing": checkpointing} | planned(cfg)
     cuda = a.device.startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    result: dict = {"checkpointing": checkpointing}
     t0 = time.perf_counter()
     try:
         Trainer(cfg, out, overwrite=True).fit()
@@ -250,8 +245,8 @@ def main() -> None:
             f"{setting}: {res['s_per_step']:.2f} s/step over {res['steps_timed']} timed steps (rollout "
             f"{res['rollout_s']:.2f} s, update {res['update_s']:.2f} s); rollout {res['rollout_tokens_per_s']:.0f} "
             f"tokens/s, training {res['train_tokens_per_s']:.0f} tokens/s; {res['response_tokens']:.0f} tokens per "
-            f"response; peak {res['peak_gib']:.2f} GiB"
-            + (f"; OUT OF MEMORY: {res['oom']}" if "oom" in res else ""),
+            f"response; peak {res['peak_gib']:.2f} GiB (planned {res['planned_peak_gib']:.2f} GiB, "
+            f"{res['planned_stage']})" + (f"; OUT OF MEMORY: {res['oom']}" if "oom" in res else ""),
             flush=True,
         )
     a.out.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,19 @@
 """Atomic checkpoints: a step is either complete on disk or absent.
 
-``DIR/checkpoints/step-N/`` holds ``model/`` (HF format: loadable by transformers on its own), ``optimizer.pt``,
-``scheduler.pt``, ``rng.pt`` (python, numpy, torch CPU and CUDA generators) and ``state.json`` (step, sampler state
-with the data position, metrics line count). It is written into ``step-N.tmp``, its files and the folder fsync'ed, and renamed into place;
-a ``step-N`` that already exists (the same step saved again) is first renamed to ``step-N.old`` and deleted only
-after the new one is in place, so at every instant a complete copy exists. Pruning old steps happens last.
-``--resume`` takes the highest complete ``step-N`` and ignores leftover ``.tmp``/``.old`` folders.
+``DIR/checkpoints/step-N/`` holds ``model/`` (HF format: loadable by transformers and vLLM on its own), the optimizer
+state, ``scheduler.pt``, ``rng.pt`` (python, numpy, torch CPU and CUDA generators; ``rng-R.pt`` for the other
+processes) and ``state.json`` (step, sampler state with the data position, metrics line count). The optimizer state
+is ``optimizer.pt`` for an unsharded policy, and for an FSDP2-sharded one ``optimizer/``: torch's distributed
+checkpoint, every rank writing its own shard in parallel (no rank gathers the whole state; a resume reads only its
+shard, resharded by DCP if the number of processes changed).
+
+It is written into ``step-N.tmp`` (:func:`staging` names it, :func:`begin` makes it empty on rank 0; sharded state is
+written into it by every rank before :func:`save_checkpoint` completes it on rank 0), its files and the folder
+fsync'ed, and renamed into place; a ``step-N`` that already exists (the same step saved again) is first renamed to
+``step-N.old`` and deleted only after the new one is in place, so at every instant a complete copy exists. Pruning old
+steps happens last. ``--resume`` takes the highest complete ``step-N`` and ignores leftover ``.tmp``/``.old`` folders.
+Everything is loaded onto the CPU first (``map_location``): the optimizer moves its state to its parameters' device,
+so no process puts another's tensors on the first GPU.
 """
 
 from __future__ import annotations
@@ -54,6 +62,20 @@ def _fsync_tree(path: Path) -> None:
     _fsync_dir(path)
 
 
+def staging(root: Path, step: int) -> Path:
+    return root / f"step-{step}.tmp"
+
+
+def begin(root: Path, step: int) -> Path:
+    """An empty staging folder for ``step`` (rank 0; the others wait, then write their shards into it)."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = staging(root, step)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -65,21 +87,19 @@ def save_checkpoint(
     keep: int = 0,
     rank_rng: list[dict[str, Any]] | None = None,
     weights: dict[str, Any] | None = None,
-    optimizer_state: dict[str, Any] | None = None,
+    staged: bool = False,
 ) -> Path:
-    """Write ``root/step-N`` atomically. ``weights`` / ``optimizer_state``: a sharded (FSDP) policy's gathered full
-    weights and name-keyed optimizer state, saved instead of reading the model and the optimizer."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Write ``root/step-N`` atomically. ``weights``: a sharded (FSDP) policy's gathered full weights, saved instead
+    of reading the model. ``optimizer`` None: its state is already in the staging folder (``staged``: the folder was
+    made by :func:`begin` and holds what the ranks wrote)."""
     final = root / f"step-{step}"
-    tmp = root / f"step-{step}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp = staging(root, step) if staged else begin(root, step)
     if weights is None:
         policy.save(tmp / "model")
     else:
         policy.save(tmp / "model", state_dict=weights)
-    torch.save(optimizer.state_dict() if optimizer_state is None else optimizer_state, tmp / "optimizer.pt")
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     for r, rng in enumerate(rank_rng or [], start=1):  # other processes' generators (multi-process training)
@@ -125,26 +145,30 @@ def load_training_state(
     path: Path, optimizer: Any, scheduler: Any, rank: int = 0, model: Any = None
 ) -> dict[str, Any]:
     """Restore the optimizer, scheduler and this rank's RNG; return ``state.json``. ``model``: the sharded (FSDP)
-    model, whose optimizer state was saved full and keyed by parameter name."""
-    optim = torch.load(path / "optimizer.pt", weights_only=False)
-    by_name = any(isinstance(k, str) for k in optim.get("state", {}))
-    if by_name != (model is not None):
-        saved, now = ("sharded (FSDP)", "unsharded") if by_name else ("unsharded", "sharded (FSDP)")
+    model, whose optimizer state was saved sharded (``optimizer/``, read back shard by shard)."""
+    sharded = (path / "optimizer").is_dir()
+    if sharded != (model is not None):
+        saved, now = ("sharded (FSDP)", "unsharded") if sharded else ("unsharded", "sharded (FSDP)")
         raise ValueError(
-            f"{path}: the checkpoint's optimizer state was saved by a {saved} run and this run is {now}; resume "
+            f"{path}: the checkpoint's optimizer state comes from a run that was {saved} and this run is {now}; resume "
             "with the same train.fsdp setting"
         )
     if model is not None:
-        from mmrl.fsdp import load_optimizer_state
+        from mmrl.fsdp import load_sharded_optimizer
 
-        load_optimizer_state(model, optimizer, optim)
+        load_sharded_optimizer(model, optimizer, path / "optimizer")
     else:
-        optimizer.load_state_dict(optim)
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+        optimizer.load_state_dict(_load(path / "optimizer.pt"))
+    scheduler.load_state_dict(_load(path / "scheduler.pt"))
     rng = path / ("rng.pt" if rank == 0 else f"rng-{rank}.pt")
     if not rng.exists():
         raise FileNotFoundError(
             f"{rng} is missing: the checkpoint was written by fewer processes than are resuming"
         )
-    set_rng_state(torch.load(rng, weights_only=False))
+    set_rng_state(_load(rng))
     return json.loads((path / "state.json").read_text())
+
+
+def _load(path: Path) -> Any:
+    """A checkpoint file, onto the CPU whatever device its tensors were saved from."""
+    return torch.load(path, map_location="cpu", weights_only=False)

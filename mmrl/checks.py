@@ -3,6 +3,8 @@
 A run that would die after minutes of model loading and data building because of a misspelt reward, an unknown
 engine or a sampler option is refused at once, with one line naming the field and the fix. Rewards are checked first
 and without importing torch, so ``mmrl train`` with a wrong reward name answers within a couple of seconds.
+Engine options are checked against what the engine accepts (vLLM: its ``EngineArgs`` fields, from the installed
+vLLM or, without it, from the pinned version's list), so a misspelt one is named with the nearest valid key.
 """
 
 from __future__ import annotations
@@ -39,14 +41,16 @@ def check_rewards(cfg: Config) -> None:
 
 
 def check_components(cfg: Config) -> None:
-    """Registered names and their options: engine, sampler, advantage estimator, loss, aggregation, KL, correction."""
+    """Registered names and their options: engine, sampler, advantage estimator, loss, aggregation, KL, corrections."""
     from mmrl.algos import (
         ADVANTAGES,
         AGGREGATIONS,
         KL_ESTIMATORS,
         LOSSES,
         REWARD_CORRECTIONS,
+        ROLLOUT_CORRECTIONS,
         check_reward_correction,
+        check_rollout_correction,
     )
     from mmrl.registry import validate_kwargs
     from mmrl.rollout import ENGINES
@@ -61,12 +65,16 @@ def check_components(cfg: Config) -> None:
         except KeyError as e:
             raise ConfigError(f"{field}: {e.args[0]}") from None
 
-    if cfg.train.fsdp and cfg.rollout.engine != "hf":
-        raise ConfigError(
-            f"train.fsdp with rollout.engine {cfg.rollout.engine!r} is not supported yet (its weight sync needs "
-            "the full weights on every rank): use rollout.engine=hf, or train.fsdp=false"
-        )
     engine = lookup(ENGINES, cfg.rollout.engine, "rollout.engine")
+    where = f"rollout.engine_options ({cfg.rollout.engine})"
+    try:  # an engine that hands its options on (vllm: to vllm.LLM) checks them itself; the others by signature
+        if hasattr(engine, "check_options"):
+            engine.check_options(cfg.rollout.engine_options)
+        else:
+            validate_kwargs(engine, cfg.rollout.engine_options, where, skip=("policy", "batch_size"))
+    except ValueError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
     if hasattr(engine, "check"):  # an engine whose package may be missing (vllm) says so before a model loads
         try:
             engine.check()
@@ -78,6 +86,7 @@ def check_components(cfg: Config) -> None:
     lookup(AGGREGATIONS, a.loss_agg, "algo.loss_agg")
     lookup(KL_ESTIMATORS, a.kl_estimator, "algo.kl_estimator")
     lookup(REWARD_CORRECTIONS, a.reward_correction, "algo.reward_correction")
+    lookup(ROLLOUT_CORRECTIONS, a.rollout_correction, "algo.rollout_correction")
     try:
         validate_kwargs(
             sampler, cfg.sampler.options, f"sampler.options ({cfg.sampler.name})", skip=("num_records",)
@@ -90,6 +99,7 @@ def check_components(cfg: Config) -> None:
         if a.reward_correction != "none":
             check_reward_correction(a.reward_correction, a.advantage)
             REWARD_CORRECTIONS.get(a.reward_correction)(_one_reward(), fp_rate=a.fp_rate, fn_rate=a.fn_rate)
+        check_rollout_correction(a.rollout_correction, a.old_logprobs, a.rollout_correction_cap)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if cfg.rollout.n < est.min_group_size:
@@ -129,6 +139,8 @@ def check_numbers(cfg: Config) -> None:
         raise ConfigError("rollout: temperature must be >= 0, top_p in (0, 1], top_k >= 0")
     if cfg.optim.lr <= 0:
         raise ConfigError(f"optim.lr must be positive, got {cfg.optim.lr}")
+    if cfg.train.dist_timeout_s <= 0:
+        raise ConfigError(f"train.dist_timeout_s must be positive, got {cfg.train.dist_timeout_s}")
 
 
 def check_data(cfg: Config) -> None:

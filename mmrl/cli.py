@@ -1,13 +1,14 @@
 """The ``mmrl`` command line.
 
-mmrl train CONFIG --output-dir DIR [--max-steps N] [--resume | --overwrite] [key=value ...]
+mmrl train CONFIG --output-dir DIR [--max-steps N] [--resume | --overwrite] [--force] [key=value ...]
+mmrl plan CONFIG [--gpus N] [--nodes M] [--gpu-memory GiB] [--model-config DIR] [key=value ...]
 mmrl sft CONFIG --output-dir DIR [key=value ...]
 mmrl eval --model PATH --benchmark NAME --data PATH --output-dir DIR [...]   (see ``mmrl eval --help``)
 mmrl compare DIR_A DIR_B
 mmrl report RUN_DIR
 mmrl list
 mmrl reward NAME ...            (see ``mmrl reward --help``)
-mmrl build-tiny [--out DIR] [--seed N]
+mmrl build-tiny [--family NAME] [--out DIR] [--seed N]
 mmrl info
 """
 
@@ -37,6 +38,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"train.max_steps={args.max_steps}")
     cfg = load_config(args.config, overrides)
     check_rewards(cfg)  # the most common mistake, answered before torch is imported
+    from mmrl.plan import preflight
+
+    preflight(cfg, force=args.force)  # a GPU run that cannot fit is refused before any model loads
 
     from mmrl.report import write_report
     from mmrl.rundir import RunFinished
@@ -49,6 +53,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 0
     _exit_cleanly_on_sigterm()  # a scheduler's kill stops the run through fit's cleanup (reward workers, logs)
     trainer.fit()
+    trainer.close()  # every rank done: engine down, then leave the process group together (not at exit)
     if not trainer.dist.is_main:
         return 0
     summary = write_report(args.output_dir)
@@ -58,6 +63,25 @@ def _cmd_train(args: argparse.Namespace) -> int:
         )
     print(f"report: {summary['html']}  {summary['markdown']}  plot: {summary['plot']}")
     return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from mmrl.config import load_config
+    from mmrl.plan import PlanOptions, format_plan, plan_run
+
+    cfg = load_config(args.config, list(args.overrides))
+    opts = PlanOptions(
+        gpus=args.gpus,
+        nodes=args.nodes,
+        gpu_memory_gib=args.gpu_memory,
+        model_config=args.model_config,
+        text_tokens=args.text_tokens,
+        images=args.images,
+        videos=args.videos,
+    )
+    p = plan_run(cfg, opts)
+    print(format_plan(p, args.config))
+    return 0 if p.fits else 1
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -80,9 +104,12 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _cmd_build_tiny(args: argparse.Namespace) -> int:
-    from mmrl.tiny import build_tiny
+    from mmrl.tiny import FAMILIES, build_tiny
 
-    print(f"built {build_tiny(args.out, seed=args.seed)}")
+    if args.family not in FAMILIES:
+        print(f"error: unknown family {args.family!r}; choose one of {', '.join(FAMILIES)}", file=sys.stderr)
+        return 2
+    print(f"built {build_tiny(args.out, seed=args.seed, family=args.family)}")
     return 0
 
 
@@ -121,7 +148,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     import mmrl.rewards  # noqa: F401  (registers the built-in rewards)
-    from mmrl.algos import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, LOSSES, REWARD_CORRECTIONS
+    from mmrl.algos import (
+        ADVANTAGES,
+        AGGREGATIONS,
+        KL_ESTIMATORS,
+        LOSSES,
+        REWARD_CORRECTIONS,
+        ROLLOUT_CORRECTIONS,
+    )
     from mmrl.presets import PRESETS
     from mmrl.rewards.base import REWARDS
     from mmrl.rollout import ENGINES
@@ -134,6 +168,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         "loss aggregations (algo.loss_agg)": AGGREGATIONS.names(),
         "KL estimators (algo.kl_estimator)": KL_ESTIMATORS.names(),
         "reward corrections (algo.reward_correction)": REWARD_CORRECTIONS.names(),
+        "rollout corrections (algo.rollout_correction)": ROLLOUT_CORRECTIONS.names(),
         "rewards (rewards[].name)": REWARDS.names(),
         "samplers (sampler.name)": SAMPLERS.names(),
         "rollout engines (rollout.engine)": ENGINES.names(),
@@ -154,15 +189,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-steps", type=int)
     t.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in DIR")
     t.add_argument("--overwrite", action="store_true", help="replace the run already in DIR (its files only)")
+    t.add_argument("--force", action="store_true", help="start a GPU run the memory plan says cannot fit")
     t.add_argument("overrides", nargs="*", help="config overrides: key.sub=value")
     t.set_defaults(fn=_cmd_train)
+    _add_plan_parser(sub)
     s = sub.add_parser("sft", help="supervised warm start on a recipe's records")
     s.add_argument("config")
     s.add_argument("--output-dir", required=True)
     s.add_argument("overrides", nargs="*")
     s.set_defaults(fn=_cmd_sft)
-    b = sub.add_parser("build-tiny", help="build the bundled tiny Qwen2.5-VL model")
-    b.add_argument("--out", default="assets/tiny-qwen2.5-vl")
+    b = sub.add_parser("build-tiny", help="build the bundled tiny Qwen2.5-VL, or a tiny model of --family")
+    b.add_argument(
+        "--family",
+        default="qwen2_5_vl",
+        help="qwen2_5_vl (bundled), qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe or gemma3 (mmrl.tiny.FAMILIES)",
+    )
+    b.add_argument("--out", default=None, help="default: assets/tiny-qwen2.5-vl, or assets/tiny-<family>")
     b.add_argument("--seed", type=int, default=0)
     b.set_defaults(fn=_cmd_build_tiny)
     ls = sub.add_parser("list", help="registered presets, algorithms, losses, rewards, samplers and engines")
@@ -178,6 +220,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_parsers(sub)
     return p
+
+
+def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="memory per GPU of a run, stage by stage, its peak, and the cheapest change that fits (exit 1 if not)",
+    )
+    p.add_argument("config")
+    p.add_argument("--gpus", type=int, help="GPUs per node (default: the config's hardware section, else 1)")
+    p.add_argument("--nodes", type=int, help="nodes (default: the config's hardware section, else 1)")
+    p.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: the config's hardware, else 80)")
+    p.add_argument("--model-config", help="folder with the checkpoint's config.json (a hub id not here)")
+    p.add_argument("--text-tokens", type=int, help="text tokens of the longest prompt (default 256)")
+    p.add_argument("--images", type=int, help="images per prompt (default: as in data.train, else 1)")
+    p.add_argument("--videos", type=int, help="videos per prompt (default: as in data.train, else 0)")
+    p.add_argument("overrides", nargs="*", help="config overrides: key.sub=value")
+    p.set_defaults(fn=_cmd_plan)
 
 
 def main(argv: list[str] | None = None) -> int:

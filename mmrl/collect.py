@@ -15,7 +15,7 @@ the same, while ``prompts`` are encoded only for the rank's own share (``None`` 
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,12 @@ class Collector:
         self.step = 0  # the step being collected
         self.errors: list[dict[str, Any]] = []  # reward failures of the current step
 
+    def generation_weights(self):
+        """Around generation: under FSDP the policy's full weights, gathered once on every rank (no per-token
+        collectives) for an engine that generates with them (HF); an engine that keeps its own copy (vLLM,
+        ``owns_weights``) needs no gather. Call it on every rank."""
+        return nullcontext() if getattr(self.engine, "owns_weights", False) else self.policy.full_weights()
+
     def encode(self, sample: Sample) -> EncodedPrompt:
         return self.cache.get(sample, self.policy.encode)
 
@@ -142,7 +148,7 @@ class Collector:
             ]
         local = [prompts[b] for b in mine]
         with self.stage("rollout"):
-            with self.policy.full_weights():  # under FSDP: gathered once, no per-token collectives
+            with self.generation_weights():
                 groups_local = self.engine.generate(local, self.sampling_params())
         with self.stage("reward"):
             rewards_local, results_local = self.score(

@@ -149,6 +149,15 @@ class AlgoConfig:
     old_logprobs: Literal["rollout", "recompute"] = opt(
         "take pi_old from the rollout engine or recompute it with a training forward", "rollout"
     )
+    rollout_correction: str = opt(
+        "rollout/training mismatch correction (registered): none, tis_token, tis_seq, mask_token, mask_seq; "
+        "needs old_logprobs: recompute",
+        "none",
+    )
+    rollout_correction_cap: float = opt(
+        "C of the rollout correction: weights capped at C (tis_*), or ratios outside [1/C, C] dropped (mask_*)",
+        2.0,
+    )
     adv_eps: float = opt("eps in (r - mean) / (std + eps)", 1e-6)
 
 
@@ -227,6 +236,11 @@ class TrainConfig:
         "(accelerate's FSDP configs); ignored in one process",
         None,
     )
+    dist_timeout_s: float = opt(
+        "timeout of a collective between processes; it must outlast the longest work one rank does while the others "
+        "wait (writing a checkpoint, the last evaluation batch); NCCL's own default is 600 s",
+        3600.0,
+    )
 
 
 @dataclass
@@ -237,6 +251,17 @@ class SFTConfig:
     max_records: int | None = opt("use only the first N training records (None = all)", None)
     label_smoothing: float = opt(
         "cross-entropy label smoothing: a less over-confident warm start explores in RL", 0.0
+    )
+
+
+@dataclass
+class HardwareConfig:
+    name: str | None = opt("the GPU the run is written for, in words (e.g. 'H100 80GB')", None)
+    gpus_per_node: int = opt("GPUs per node (one process each)", 1)
+    nodes: int = opt("nodes", 1)
+    gpu_memory_gib: float | None = opt(
+        "memory of one GPU in GiB (torch.cuda.mem_get_info's total); mmrl plan checks the run against it (None: 80)",
+        None,
     )
 
 
@@ -252,6 +277,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
 
 def _type_name(tp: Any) -> str:

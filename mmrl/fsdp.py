@@ -11,16 +11,16 @@ How it fits mmrl's data parallelism (:mod:`mmrl.distributed`):
 - Each rank's loss is already divided by the global mini-batch's units, so gradients must be SUMMED over ranks;
   FSDP's reduce-scatter averages, so a sharded rank back-propagates its loss times the world size
   (:class:`mmrl.update.PolicyUpdate`; a divide factor of 1 would say the same, but gloo lacks the PREMUL_SUM it
-  needs), and
-  :meth:`Dist.sum_grads` is skipped.
+  needs); no DDP wrapper is made.
 - Every forward of a sharded model is a collective, so every rank must run the same number of them: the update
   pads a rank with fewer micro-batches with zero-weight ones (:class:`mmrl.update.PolicyUpdate`).
 - Generation (the HF engine, evaluation) runs inside :func:`full_weights`: all ranks gather every block once and
   keep it (no resharding after each forward), so ranks may generate different numbers of tokens, and rank 0 may
   evaluate alone, without per-token collectives; the blocks are resharded on exit.
-- Checkpoints hold full HF weights (loadable by transformers and vLLM) and the full optimizer state keyed by
-  parameter name, both gathered to rank 0 (``torch.distributed.checkpoint.state_dict``); on resume every rank loads
-  the full weights before sharding and its slice of the optimizer state.
+- Checkpoints hold full HF weights (loadable by transformers and vLLM), gathered to rank 0 shard by shard onto its
+  CPU, and the optimizer state saved sharded with torch's distributed checkpoint (every rank writes its own shard;
+  :mod:`mmrl.checkpoint`); on resume every rank loads the full weights before sharding and reads only its slice of
+  the optimizer state.
 
 With ``model.dtype: bfloat16`` the blocks are gathered in bf16 and gradients reduced in fp32
 (``MixedPrecisionPolicy``); the sharded fp32 parameters stay the master weights.
@@ -29,8 +29,15 @@ With LoRA (``model.lora``), peft injects the adapters before sharding, so each b
 base weights and its trainable adapters together (FSDP2 shards both and reduces gradients only for the adapters,
 which alone are in the optimizer). A checkpoint then holds the adapter (``adapter/``, peft format) and, with
 ``lora.save_merged``, the merged HF model, both made on rank 0 from the gathered full state
-(:meth:`mmrl.policy.Policy.save`). Not combined yet: the vLLM engine (its weight sync would need the gathered full
-state on every rank), refused by the pre-flight checks.
+(:meth:`mmrl.policy.Policy.save`).
+
+With the vLLM engine (``rollout.engine: vllm``), every rank's engine holds the full weights (or its tensor-parallel
+slice of them), so its generation needs nothing from the shards (the trainer's :func:`full_weights` around rollouts
+and evaluation still gathers them, for nothing, with this engine). The weight sync after each update streams them:
+:func:`stream_full_tensors` all-gathers one tensor at a time onto every rank, cast shard-wise to the engine's dtype
+before the gather (so a bf16 engine moves and holds bf16), and hands it to vLLM's in-place reload, which keeps it
+only until its layer is complete. No rank ever holds a full state dict, fp32 or otherwise; LoRA layers are merged
+one at a time on the way (:meth:`mmrl.policy.Policy.stream_weights`).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import os
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,12 +54,12 @@ import torch
 RUN_METHOD = "mmrl_run"
 
 
-def wanted(setting: bool | None, world: int) -> bool:
+def wanted(setting: bool | None, launched: bool) -> bool:
     """Whether to shard: ``train.fsdp`` when set, else what the launcher asked (accelerate's FSDP configs export
-    ``ACCELERATE_USE_FSDP=true``); never for one process."""
+    ``ACCELERATE_USE_FSDP=true``); never without a process group (a plain ``mmrl train``)."""
     if setting is None:
         setting = os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes")
-    return bool(setting) and world > 1
+    return bool(setting) and launched
 
 
 def _run(self: torch.nn.Module, fn: Callable[..., Any], *args: Any) -> Any:
@@ -108,17 +116,36 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def full_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer state keyed by parameter name, full, on rank 0's CPU (empty elsewhere); a collective."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+def stream_full_tensors(
+    model: torch.nn.Module, dtype_of: Callable[[str], torch.dtype | None]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's state (``state_dict`` names and order) one full tensor at a time, on every rank: a sharded tensor
+    is all-gathered just before it is yielded, in ``dtype_of(name)`` when that is not None (the cast runs on the
+    local shard, before the gather). A collective per sharded tensor: every rank must consume the whole iterator, in
+    the same order."""
+    from torch.distributed.tensor import DTensor
 
-    return get_optimizer_state_dict(
-        model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
+    for name, t in model.state_dict().items():
+        t, dtype = t.detach(), dtype_of(name)
+        if dtype is not None and t.dtype != dtype:
+            t = t.to(dtype)
+        yield name, t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def load_optimizer_state(model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-    """Load a full, name-keyed optimizer state (every rank passes the whole of it; each keeps its shard)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+def save_sharded_optimizer(model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path) -> None:
+    """The optimizer state, each rank writing its own shard with torch's distributed checkpoint (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    set_optimizer_state_dict(model, opt, state, options=StateDictOptions(full_state_dict=True))
+    dcp.save({"optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=str(folder))
+
+
+def load_sharded_optimizer(model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path) -> None:
+    """Read back :func:`save_sharded_optimizer`'s state, each rank only its shard (resharded by DCP if the number
+    of processes changed); a collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    state = {"optim": get_optimizer_state_dict(model, opt)}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_optimizer_state_dict(model, opt, state["optim"])

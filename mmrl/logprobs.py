@@ -12,16 +12,51 @@ backward recomputes one chunk's logits at a time instead of storing them: peak m
 of B x T. The values equal the full computation up to float summation order (tested to 1e-5).
 ``benchmarks/logprob_memory.py`` measures the peak against the naive path.
 
+The head runs in fp32 whatever the compute dtype: inside each chunk autocast is off and the chunk's hidden states
+and the head's weight are upcast (a no-op for fp32 master weights), so ``model.dtype: bfloat16`` changes the
+backbone's arithmetic but never rounds a logit to bf16. A bf16 logit near 16-32 is off by up to 0.06 (half its
+spacing, 0.125), and which way it rounds depends on the last bits of the hidden state, which in turn depend on the
+micro-batch's padding: a token's log-prob then moved by that much between a micro-batch and another. The cost is
+one fp32 copy of the head's weight while a chunk runs (none for fp32 weights) and an fp32 matmul; the peak stays
+O(chunk x V + V x H), independent of B x T. :func:`fp32_head` gives engines that call the model's own forward
+(HF ``generate``) the same fp32 head, so the rollout's log-probs are computed as the training forward's are.
+
 Suppressed tokens (vision placeholders, see :mod:`mmrl.policy`) get logit -inf before the softmax, so the
 distribution scored here is exactly the one the rollout engines sample from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+
+def head_logits(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor) -> torch.Tensor:
+    """fp32 logits ``[..., V]`` of ``hidden [..., H]``: autocast off, ``hidden`` and a linear head's weight (and
+    bias) upcast to fp32. Any other head (a LoRA-wrapped one) runs in its own weights' dtype, output upcast."""
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        if isinstance(head, torch.nn.Linear):  # FSDP2's FSDPLinear too (its weight is gathered while scoring)
+            bias = None if head.bias is None else head.bias.float()
+            return F.linear(hidden.float(), head.weight.float(), bias)
+        dtype = next(head.parameters()).dtype  # type: ignore[attr-defined]
+        return head(hidden.to(dtype)).float()
+
+
+@contextmanager
+def fp32_head(head: torch.nn.Module) -> Iterator[None]:
+    """Within: calling ``head`` returns :func:`head_logits` (fp32), for code that runs the model's own forward."""
+    if not isinstance(head, torch.nn.Linear):
+        yield
+        return
+    head.forward = lambda hidden: head_logits(head, hidden)  # the instance attribute shadows Linear.forward
+    try:
+        yield
+    finally:
+        del head.forward
 
 
 def _chunk_logp_entropy(
@@ -33,7 +68,7 @@ def _chunk_logp_entropy(
     with_entropy: bool,
     entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = head(hidden).float()  # [n, V]: the one chunk-sized buffer autograd keeps until the chunk ends
+    logits = head_logits(head, hidden)  # [n, V] fp32: the one chunk-sized buffer kept until the chunk ends
     if temperature != 1.0:
         logits = logits / temperature
     if suppress is not None:

@@ -8,8 +8,10 @@ Sequence layout, shared by generation and training so the two see identical posi
 a common length P and completions RIGHT-padded to a common length T, giving ``[pad.. prompt | completion ..pad]``.
 Qwen2.5-VL's M-RoPE positions are computed from the attention mask, so the completion's positions equal those the
 model used while generating it; the rollout engine's log-probs then match the training forward's (tested to 1e-5).
-Images are resized by :func:`mmrl.processors.image.prepare_image` (Qwen's ``smart_resize``) before the HF processor
-sees them, so the model-input size of every image is known exactly and rewards can map coordinates back.
+Images are resized by :func:`mmrl.processors.image.prepare_image` to the checkpoint's own geometry (read from its
+processor, :attr:`Policy.geometry`, :mod:`mmrl.families`: Qwen's ``smart_resize`` on a 28 or 32 px grid, or a fixed
+size such as Gemma 3's) before the HF processor sees them, so the model-input size of every image is known exactly
+and rewards can map coordinates back.
 
 Hardening that real checkpoints need (issue 6):
 - Vision placeholders (image/video pad, vision start/end) are never sampled: :attr:`Policy.suppressed_token_ids`
@@ -32,18 +34,25 @@ LoRA (``model.lora.r > 0``, peft): adapters are injected into the model in place
 and every code path above is unchanged; only adapter weights train. The reference model is this same model with
 adapters disabled (:meth:`Policy.reference`), never a second copy. A checkpoint's ``model/`` holds ``adapter/`` (and,
 with ``lora.save_merged``, the merged model in HF format); engines that keep their own weights (vLLM) receive
-:meth:`Policy.merged_state_dict`, computed as W + delta without touching the training weights (merging in place and
-back would round them).
+:meth:`Policy.stream_weights`, each adapted weight computed as W + delta without touching the training weights
+(merging in place and back would round them).
+
+Weights for an engine are streamed (:meth:`Policy.stream_weights`): one tensor at a time in the engine's dtype, a
+LoRA layer merged as soon as its own tensors are read, and under FSDP each tensor gathered from the shards just
+before it is handed over, so the full model never exists a second time in fp32 (nor, under FSDP, at all on one rank
+outside the engine).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +60,9 @@ import torch.nn.functional as F
 from mmrl.config import ModelConfig
 from mmrl.logprobs import selective_logprobs
 from mmrl.types import Sample
+
+if TYPE_CHECKING:
+    from mmrl.families import VisionGeometry
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("mmrl.policy")
@@ -63,6 +75,8 @@ VISION_TOKEN_ATTRS = (
     "vision_end_token_id",
     "image_token_index",
     "video_token_index",
+    "boi_token_id",  # Gemma 3's image start/end (its config's boi/eoi_token_index)
+    "eoi_token_id",
 )
 VISION_TOKEN_NAMES = (
     "<|image_pad|>",
@@ -91,7 +105,7 @@ class EncodedPrompt:
         default_factory=dict
     )  # [L] tensors aligned with input_ids, padded with 0
     image_sizes: list[tuple[int, int]] = field(default_factory=list)  # original (w, h)
-    model_image_sizes: list[tuple[int, int]] = field(default_factory=list)  # after smart_resize (w, h)
+    model_image_sizes: list[tuple[int, int]] = field(default_factory=list)  # (w, h) the model saw
     # The same prompt in a rollout engine's own form (vLLM): the chat-templated text with ONE placeholder per image
     # or video (the engine expands it), and the media exactly as the policy encoded them (after smart_resize).
     text: str = ""
@@ -134,6 +148,7 @@ class Policy:
         self.suppress_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)  # [V]
         self.suppress_mask[[t for t in self.suppressed_token_ids if t < vocab]] = True
         self.sharded: list[torch.nn.Module] = []  # FSDP2 modules, root last (see shard())
+        self.replica: torch.nn.Module | None = None  # the DDP module that sums gradients (see replicate())
 
     # ---------------------------------------------------------------- FSDP2
     def shard(self) -> None:
@@ -142,9 +157,29 @@ class Policy:
 
         self.sharded = shard_model(self.model, self.compute_dtype)
 
+    def replicate(self, dist: Any) -> None:
+        """Sum gradients over the processes with torch's DDP (:meth:`mmrl.distributed.Dist.replicate`): scoring
+        with gradients runs inside the DDP module's forward, so its hooks see the chunked head too."""
+        self.replica = dist.replicate(_Scoring(self.model))
+
+    @property
+    def distributed(self) -> bool:
+        """Sharded or replicated: every rank must run a backward for each optimizer step."""
+        return bool(self.sharded) or self.replica is not None
+
+    def grad_sync(self, sync: bool):
+        """Context of one micro-batch's backward: with DDP, gradients are reduced only when ``sync`` (the last
+        micro-batch of an optimizer step); the others accumulate locally (``no_sync``)."""
+        return self.replica.no_sync() if self.replica is not None and not sync else nullcontext()
+
     def _scored(self, fn, *args):
-        """Run a scoring function (backbone + chunked head) where FSDP gathers the root's weights for it."""
-        return self.model.mmrl_run(fn, *args) if self.sharded else fn(*args)
+        """Run a scoring function (backbone + chunked head) where FSDP gathers the root's weights for it, or inside
+        DDP's forward when gradients are wanted."""
+        if self.sharded:
+            return self.model.mmrl_run(fn, *args)
+        if self.replica is not None and torch.is_grad_enabled():
+            return self.replica(lambda: fn(*args))
+        return fn(*args)
 
     @contextmanager
     def full_weights(self):
@@ -259,14 +294,24 @@ class Policy:
             self.model.eval()
 
     # ---------------------------------------------------------------- encoding
-    def encode(self, sample: Sample, extra_messages: list[dict[str, Any]] | None = None) -> EncodedPrompt:
-        """Tokenise a sample's chat (plus a generation prompt) with its images and videos."""
-        from mmrl.processors.image import load_image, prepare_image
+    @cached_property
+    def geometry(self) -> VisionGeometry:
+        """This checkpoint's image and video geometry, read from its processor (:mod:`mmrl.families`)."""
+        from mmrl.families import vision_geometry
 
+        return vision_geometry(self.processor)
+
+    def encode(self, sample: Sample, extra_messages: list[dict[str, Any]] | None = None) -> EncodedPrompt:
+        """Tokenise a sample's chat (plus a generation prompt) with its images and videos, resized to the
+        checkpoint's geometry (:attr:`geometry`) here, so the processor (told not to resize) sees model-size pixels."""
+        from mmrl.processors.errors import MediaError
+        from mmrl.processors.image import load_image
+
+        geo = self.geometry
         images, sizes, model_sizes = [], [], []
         for src in sample.images:
             img = load_image(src, record_id=sample.id)
-            resized, geom = prepare_image(
+            resized, geom = geo.prepare_image(
                 img, min_pixels=self.cfg.min_pixels, max_pixels=self.cfg.max_pixels, record_id=sample.id
             )
             images.append(resized)
@@ -276,6 +321,12 @@ class Policy:
         if sample.videos:
             from mmrl.processors.video import load_video
 
+            if geo.video_factor is None:
+                raise MediaError(
+                    sample.id,
+                    f"this checkpoint's processor ({type(self.processor).__name__}) takes no video; "
+                    "drop the sample's videos or train a video model",
+                )
             for src in sample.videos:
                 clip = load_video(
                     src,
@@ -284,6 +335,8 @@ class Policy:
                     max_frames=self.cfg.video_max_frames,
                     max_pixels=self.cfg.video_max_pixels,
                     min_pixels=self.cfg.video_min_pixels,
+                    factor=geo.video_factor,
+                    temporal_patch=geo.temporal_patch,
                 )
                 videos.append(clip.frames)
                 video_meta.append(clip.sample_fps)
@@ -292,6 +345,9 @@ class Policy:
             messages, tokenize=False, add_generation_prompt=extra_messages is None
         )
         kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
+        bos = self.tokenizer.bos_token
+        if bos and text.startswith(bos):  # the template wrote the BOS (Gemma): never a second one
+            kwargs["add_special_tokens"] = False
         if images:
             kwargs["images"] = images
             kwargs["images_kwargs"] = {"do_resize": False}
@@ -436,37 +492,41 @@ class Policy:
         with self.peft.disable_adapter():
             yield self
 
+    def stream_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The model's weights in the plain HF layout as ``(name, tensor)`` pairs, one at a time, in ``dtype``
+        (default: as stored), for an engine that keeps its own copy (:class:`mmrl.rollout.vllm.VLLMEngine`).
+
+        Nothing is gathered up front: the plain model's tensors are read (and cast) one by one; under FSDP each
+        tensor is all-gathered from the shards, cast first so that a bf16 engine gathers bf16
+        (:func:`mmrl.fsdp.stream_full_tensors`; a collective per tensor: every rank must consume the whole
+        iterator). With LoRA an adapted ``Linear`` is yielded merged (:func:`_merge_lora`, fp32 arithmetic) as soon
+        as its base weight and adapters have been read; those few tensors are gathered as stored (fp32 master
+        weights), so the merge rounds once, into ``dtype``. Names follow the model's own order, which keeps each
+        layer's tensors together (vLLM's layerwise reload buffers a layer until all of its weights have arrived)."""
+        lora = _lora_layers(self.model) if self.peft is not None else {}
+
+        def gather_dtype(name: str) -> torch.dtype | None:
+            return None if _lora_owner(name, lora) else dtype
+
+        if self.sharded:
+            from mmrl.fsdp import stream_full_tensors
+
+            items = stream_full_tensors(self.model, gather_dtype)
+        else:
+            items = (
+                (k, v.detach() if gather_dtype(k) is None else v.detach().to(gather_dtype(k)))
+                for k, v in self.model.state_dict().items()
+            )
+        return _merge_lora(items, lora, dtype)
+
     def merged_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """The model's weights in the plain HF layout, from ``state`` (a sharded policy's gathered full weights,
-        :meth:`full_state_dict`) or else the model's own. With LoRA each adapted weight is
-        ``W + scaling B A`` summed over the active adapters (peft's ``get_delta_weight`` for ``Linear``, computed
-        here from the tensors in ``state`` because a sharded module holds only its shard)."""
+        """The model's weights in the plain HF layout as one dict (a merged checkpoint), from ``state`` (a sharded
+        policy's gathered full weights, :meth:`full_state_dict`) or else the model's own; LoRA merged as in
+        :meth:`stream_weights`."""
         if state is None:
             state = {k: v.detach() for k, v in self.model.state_dict().items()}
-        if self.peft is None:
-            return state
-        from peft.tuners.lora import Linear as LoraLinear
-        from peft.tuners.lora import LoraLayer
-
-        out = {k: v for k, v in state.items() if "lora_" not in k}
-        for name, module in self.model.named_modules():
-            if not isinstance(module, LoraLayer):
-                continue
-            dora = any(getattr(module, "use_dora", {}).get(a, False) for a in module.active_adapters)
-            if not isinstance(module, LoraLinear) or dora:
-                raise TypeError(
-                    f"LoRA layer {name} is a {type(module).__name__}: only plain Linear adapters can be merged; "
-                    "narrow model.lora.target_modules to Linear projections"
-                )
-            w = out.pop(f"{name}.base_layer.weight")
-            delta = torch.zeros_like(w, dtype=torch.float32)
-            for a in module.active_adapters:
-                d = state[f"{name}.lora_B.{a}.weight"].float() @ state[f"{name}.lora_A.{a}.weight"].float()
-                delta += (d.T if module.fan_in_fan_out else d) * module.scaling[a]
-            out[f"{name}.weight"] = (w.float() + delta).to(w.dtype)
-            if f"{name}.base_layer.bias" in out:
-                out[f"{name}.bias"] = out.pop(f"{name}.base_layer.bias")
-        return out
+        lora = _lora_layers(self.model) if self.peft is not None else {}
+        return dict(_merge_lora(iter(state.items()), lora, None))
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Under FSDP the full weights gathered on rank 0 (a collective: call it on every rank; other ranks get an
@@ -494,6 +554,81 @@ class Policy:
                 self.model.save_pretrained(path, state_dict=self.merged_state_dict(state_dict))
             return
         self.model.save_pretrained(path, **({} if state_dict is None else {"state_dict": state_dict}))
+
+
+def _lora_layers(model: torch.nn.Module) -> dict[str, Any]:
+    """The model's LoRA layers by module name; only plain ``Linear`` adapters (no DoRA) can be merged."""
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+
+    layers = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        dora = any(getattr(module, "use_dora", {}).get(a, False) for a in module.active_adapters)
+        if not isinstance(module, LoraLinear) or dora:
+            raise TypeError(
+                f"LoRA layer {name} is a {type(module).__name__}: only plain Linear adapters can be merged; "
+                "narrow model.lora.target_modules to Linear projections"
+            )
+        layers[name] = module
+    return layers
+
+
+def _lora_owner(key: str, layers: dict[str, Any]) -> str | None:
+    """The LoRA layer a state key belongs to (``<layer>.base_layer.*``, ``<layer>.lora_A.*``, ...), or None."""
+    for marker in (".base_layer.", ".lora_"):
+        owner = key.split(marker)[0] if marker in key else None
+        if owner in layers:
+            return owner
+    return None
+
+
+def _merge_lora(
+    items: Iterable[tuple[str, torch.Tensor]], layers: dict[str, Any], dtype: torch.dtype | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``items`` (state keys in model order) with each LoRA layer's tensors replaced by its merged weight
+    ``W + sum_a scaling_a B_a A_a`` (peft's ``get_delta_weight`` for ``Linear``, computed here from the tensors
+    because a sharded module holds only its shard) and its bias, yielded once the layer's last tensor has been read.
+    Merged tensors are cast to ``dtype`` (default: the base weight's); the others are passed on as they come."""
+    owner, held = None, {}
+    for key, t in items:
+        layer = _lora_owner(key, layers)
+        if held and layer != owner:
+            yield from _merged_layer(owner, layers[owner], held, dtype)
+            held = {}
+        if layer is None:
+            yield key, t
+        else:
+            owner = layer
+            held[key[len(layer) + 1 :]] = t
+    if held:
+        yield from _merged_layer(owner, layers[owner], held, dtype)
+
+
+def _merged_layer(
+    name: str, module: Any, held: dict[str, torch.Tensor], dtype: torch.dtype | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    w = held["base_layer.weight"]
+    delta = torch.zeros_like(w, dtype=torch.float32)
+    for a in module.active_adapters:
+        d = held[f"lora_B.{a}.weight"].float() @ held[f"lora_A.{a}.weight"].float()
+        delta += (d.T if module.fan_in_fan_out else d) * module.scaling[a]
+    yield f"{name}.weight", (w.float() + delta).to(dtype or w.dtype)
+    if "base_layer.bias" in held:
+        bias = held["base_layer.bias"]
+        yield f"{name}.bias", bias if dtype is None else bias.to(dtype)
+
+
+class _Scoring(torch.nn.Module):
+    """What DDP wraps: the HF model, with a ``forward`` that runs a scoring closure over it."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn):
+        return fn()
 
 
 def _add_lora(model: Any, cfg: ModelConfig, adapter: Path | None) -> Any:

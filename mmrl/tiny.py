@@ -1,4 +1,8 @@
-"""Build the bundled tiny Qwen2.5-VL checkpoint (``mmrl build-tiny``).
+"""Build the bundled tiny Qwen2.5-VL checkpoint (``mmrl build-tiny``), and tiny checkpoints of other families.
+
+``mmrl build-tiny --family NAME`` builds the other families of :data:`FAMILIES` (Qwen3-VL dense and MoE, Qwen3.5
+dense and MoE, Gemma 3) the same way, offline; what each takes from here and what is its own is in
+:mod:`mmrl.tiny_families`. The rest of this docstring is about the bundled Qwen2.5-VL model.
 
 The checkpoint lets tests, recipes and demos run the real Qwen2.5-VL code path on a 2-core CPU with no network: it is
 a randomly initialised ``Qwen2_5_VLForConditionalGeneration`` of about 0.9 M parameters, a byte-level BPE tokenizer,
@@ -31,6 +35,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -47,6 +52,8 @@ from transformers import (
 )
 
 DEFAULT_OUT_DIR = "assets/tiny-qwen2.5-vl"
+# Families `mmrl build-tiny --family` builds: this module's Qwen2.5-VL, and the others of mmrl.tiny_families.
+FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "gemma3")
 
 # Qwen2.5-VL's special tokens, exact strings, in the order of their ids in the real tokenizer (151643...).
 QWEN_SPECIAL_TOKENS = (
@@ -270,15 +277,24 @@ def tokenizer_corpus() -> list[str]:
     return list(GENERAL_TEXT) + _domain_text() + _shapes_text() + _latex_text() + _gui_text()
 
 
-def train_tokenizer() -> Qwen2Tokenizer:
-    """Byte-level BPE over ``tokenizer_corpus()`` with Qwen2's pipeline, wrapped as transformers' Qwen2Tokenizer."""
+def train_tokenizer(
+    chat_template: str = QWEN25_VL_CHAT_TEMPLATE,
+    tokenizer_cls: type = Qwen2Tokenizer,
+    split_regex: str = QWEN2_SPLIT_REGEX,
+) -> Any:
+    """Byte-level BPE over ``tokenizer_corpus()`` with Qwen2's pipeline, wrapped as transformers' Qwen2Tokenizer
+    (``tokenizer_cls``).
+
+    The other Qwen families (:mod:`mmrl.tiny_families`) pass their own template, tokenizer class and split regex
+    (Qwen3.5's also keeps combining marks with letters); the special tokens are the same strings in the same order.
+    """
     bpe = Tokenizer(
         models.BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
     )
     bpe.normalizer = normalizers.NFC()
     bpe.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(split_regex), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -293,7 +309,7 @@ def train_tokenizer() -> Qwen2Tokenizer:
     bpe.train_from_iterator(tokenizer_corpus(), trainer=trainer)
     trained = json.loads(bpe.to_str())["model"]
     # Built without special tokens first so that the Qwen ones get Qwen's relative order right after the BPE vocab.
-    tokenizer = Qwen2Tokenizer(
+    tokenizer = tokenizer_cls(
         vocab=trained["vocab"],
         merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]],
         unk_token=None,
@@ -310,7 +326,7 @@ def train_tokenizer() -> Qwen2Tokenizer:
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in FORMAT_TAGS])
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.pad_token = "<|endoftext|>"
-    tokenizer.chat_template = QWEN25_VL_CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
 
 
@@ -358,22 +374,32 @@ def build_processor(tokenizer: Qwen2Tokenizer) -> Qwen2_5_VLProcessor:
     )
 
 
-def build_tiny(out_dir: str | Path = DEFAULT_OUT_DIR, seed: int = 0) -> Path:
-    """Build the tiny checkpoint into ``out_dir`` and return its path.
+def build_tiny(out_dir: str | Path | None = None, seed: int = 0, family: str = "qwen2_5_vl") -> Path:
+    """Build the tiny checkpoint of ``family`` (:data:`FAMILIES`) into ``out_dir`` and return its path.
 
-    An existing ``out_dir`` is replaced only if it is empty or an earlier build (its README.md is this module's model
-    card), so stale files never survive a rebuild. Loads with ``AutoModelForImageTextToText.from_pretrained(out_dir)``
-    and ``AutoProcessor.from_pretrained(out_dir)``.
+    ``out_dir`` defaults to ``assets/tiny-qwen2.5-vl`` for the bundled model and ``assets/tiny-<family>`` for the
+    others (which are not shipped: tests build them into temporary folders). An existing ``out_dir`` is replaced only
+    if it is empty or an earlier build (its README.md is one of this module's model cards), so stale files never
+    survive a rebuild. Loads with ``AutoModelForImageTextToText.from_pretrained(out_dir)`` and
+    ``AutoProcessor.from_pretrained(out_dir)``.
     """
-    out = Path(out_dir)
+    if family not in FAMILIES:
+        raise ValueError(f"build-tiny: unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
+    out = Path(out_dir or (DEFAULT_OUT_DIR if family == "qwen2_5_vl" else f"assets/tiny-{family}"))
     if out.exists() and any(out.iterdir()) and not _is_tiny_build(out):
         raise FileExistsError(
-            f"build-tiny: {out} exists and is not an earlier tiny-qwen2.5-vl build; choose a new or empty directory"
+            f"build-tiny: {out} exists and is not an earlier {_card_title(family)[2:-1]} build; "
+            "choose a new or empty directory"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        _save_checkpoint(staging, seed)
+        if family == "qwen2_5_vl":
+            _save_checkpoint(staging, seed)
+        else:
+            from mmrl.tiny_families import save_family_checkpoint
+
+            save_family_checkpoint(family, staging, seed, _card_title(family))
         staging.chmod(0o755)
         for path in staging.iterdir():
             path.chmod(0o644)
@@ -385,9 +411,16 @@ def build_tiny(out_dir: str | Path = DEFAULT_OUT_DIR, seed: int = 0) -> Path:
     return out
 
 
+def _card_title(family: str) -> str:
+    return MODEL_CARD_TITLE if family == "qwen2_5_vl" else f"# tiny-{family}\n"
+
+
 def _is_tiny_build(directory: Path) -> bool:
     card = directory / "README.md"
-    return card.is_file() and card.read_text().startswith(MODEL_CARD_TITLE)
+    if not card.is_file():
+        return False
+    first = card.read_text().split("\n", 1)[0] + "\n"
+    return first in {_card_title(f) for f in FAMILIES}
 
 
 def _save_checkpoint(out: Path, seed: int) -> None:

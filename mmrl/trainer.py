@@ -6,7 +6,9 @@ engine's weights -> log / eval / save. Every method is a registered name: the ad
 that may keep state, saved in checkpoints), the loss, the aggregation, the KL estimator, the reward correction, the
 sampler and the engine; nothing here tests which one it is. Old log-probs come from the rollout engine
 (``algo.old_logprobs: rollout``; the HF engine's equal the training forward's to 1e-5) or a fresh forward
-(``recompute``); estimators that need pi_old's full-vocabulary entropy get it from that forward.
+(``recompute``); estimators that need pi_old's full-vocabulary entropy get it from that forward. When recomputed,
+the engine's log-probs give the step's mismatch (``rollout/logprob_diff_*``) and the ``algo.rollout_correction``
+weights of the token losses (:mod:`mmrl.algos.rollout_correction`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrl import fsdp, rundir
+from mmrl import checkpoint, fsdp, rundir
 from mmrl.algos import (
     ADVANTAGES,
     KL_ESTIMATORS,
@@ -30,8 +32,9 @@ from mmrl.algos import (
     AdvantageInput,
     groups_with_signal,
     kl_penalised_rewards,
+    rollout_correction,
 )
-from mmrl.checkpoint import load_training_state, rng_state, save_checkpoint
+from mmrl.checkpoint import load_training_state, rng_state
 from mmrl.checks import check_config
 from mmrl.collect import ROLLOUTS_LOGGED, Collected, Collector
 from mmrl.config import Config, to_dict
@@ -73,8 +76,8 @@ class Trainer:
     def __init__(self, cfg: Config, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False):
         self.cfg, self.out = cfg, Path(output_dir)
         check_config(cfg)  # before anything heavy is built
-        self.dist = dist = Dist()
-        if dist.world > 1 and cfg.model.device == "auto":
+        self.dist = dist = Dist(cfg.train.dist_timeout_s)
+        if dist.active and cfg.model.device == "auto":
             cfg.model.device = str(dist.device)
         ckpt = self._prepare_run_dir(resume, overwrite)
         seed_everything(cfg.train.seed + 1000 * dist.rank)  # generation differs per process; choices do not
@@ -88,10 +91,11 @@ class Trainer:
         self.policy = Policy.from_pretrained(cfg.model, path=str(ckpt / "model") if ckpt else None)
         if self.policy.peft is not None:  # fresh adapters come from each rank's own stream: take rank 0's
             dist.broadcast([p for p in self.policy.model.parameters() if p.requires_grad])
-        if fsdp.wanted(cfg.train.fsdp, dist.world):
+        if fsdp.wanted(cfg.train.fsdp, dist.active):
             cfg.train.fsdp = True
-            check_config(cfg)  # what FSDP cannot be combined with yet, when the launcher asked for it
             self.policy.shard()  # before the optimizer: it holds the sharded parameters
+        elif dist.active:
+            self.policy.replicate(dist)  # DDP sums the gradients
         # the reference: a frozen copy, or with LoRA the policy itself with adapters disabled (Policy.reference)
         separate_ref = a.kl_coef > 0 and cfg.model.lora.r == 0
         self.ref = Policy.from_pretrained(cfg.model, trainable=False) if separate_ref else None
@@ -117,6 +121,7 @@ class Trainer:
         self.sched = build_scheduler(self.opt, cfg)
         self.updater = PolicyUpdate(cfg, self.policy, self.opt, self.sched, self._train_temperature(), dist)
         self.step, self.timings, self.last_kl = 0, {}, None
+        self.mismatch: dict[str, float] = {}  # rollout vs recomputed pi_old, set by make_batch
         self.collector = Collector(
             cfg,
             self.train_data,
@@ -185,6 +190,7 @@ class Trainer:
                         self.engine.sync_weights()
                     self.step += 1
                     metrics = {"step": self.step, **self.reward_stats(got), **update_stats, **adv_stats}
+                    metrics |= self.mismatch
                     self.last_kl = (
                         metrics["kl"] if cfg.algo.kl_coef > 0 else None
                     )  # read by MSSR's forgetting
@@ -202,6 +208,13 @@ class Trainer:
             self.reward.close()
         return metrics
 
+    def close(self) -> None:
+        """After a finished run, on every rank: the engine shuts down (vLLM tears down its process groups), then the
+        ranks meet and leave the process group together."""
+        if hasattr(self.engine, "close"):
+            self.engine.close()
+        self.dist.close()
+
     # ------------------------------------------------------------------ stages
     @contextmanager
     def stage(self, name: str):
@@ -214,9 +227,8 @@ class Trainer:
         (MSSR: one response of the initial policy per training prompt)."""
         row: dict[str, Any] = {"step": 0}  # one step-0 row: a second one would replace it in read_metrics
         if self.validator:
-            with self.policy.full_weights():  # every rank takes part under FSDP; rank 0 evaluates
-                if self.dist.is_main:
-                    row |= self.evaluate()
+            with self.collector.generation_weights():  # every rank evaluates its share; rank 0 aggregates
+                row |= self.evaluate()
         if self.estimator.needs_init:
             row |= self._initialise_estimator()
         if len(row) > 1:
@@ -229,13 +241,15 @@ class Trainer:
         params = type(params)(1, params.temperature, params.top_p, params.top_k, params.max_new_tokens)
         mine = list(range(d.rank, len(self.train_data), d.world))
         rewards = []
-        with self.policy.full_weights():  # ranks may run different numbers of batches
-            for s in range(0, len(mine), bs):
+        # every rank makes the same number of engine calls (a tensor-parallel vLLM group generates together)
+        calls = max(d.gather(math.ceil(len(mine) / bs)))
+        with c.generation_weights():
+            for s in range(0, calls * bs, bs):
                 samples = [self.train_data[i] for i in mine[s : s + bs]]
                 prompts = [c.encode(x) for x in samples]
-                rewards.append(
-                    c.score(samples, prompts, self.engine.generate(prompts, params))[0].reshape(-1)
-                )
+                groups = self.engine.generate(prompts, params)
+                if samples:
+                    rewards.append(c.score(samples, prompts, groups)[0].reshape(-1))
         parts = d.gather((mine, torch.cat(rewards) if rewards else torch.zeros(0)))
         indices, init = [i for p in parts for i in p[0]], torch.cat([p[1] for p in parts])
         self.estimator.initialise(indices, init)
@@ -254,9 +268,13 @@ class Trainer:
         G = got.rewards.shape[1]
         rows = [b * G + j for b in self.dist.share(len(got.groups)) for j in range(G)]
         batch = RolloutBatch(flat_prompts, [c.token_ids for c in comps], G, old, rows=rows)
-        if self.cfg.algo.old_logprobs == "recompute" or self.estimator.needs_entropy:
+        a, self.mismatch = self.cfg.algo, {}
+        if a.old_logprobs == "recompute" or self.estimator.needs_entropy:
             logp, ent = self.forward_no_grad(self.policy, batch, with_entropy=self.estimator.needs_entropy)
-            if self.cfg.algo.old_logprobs == "recompute":
+            if a.old_logprobs == "recompute":  # the engine's log-probs (old) against the training forward's
+                batch.rollout_weights, self.mismatch = rollout_correction(
+                    a.rollout_correction, logp, old, batch.mask, cap=a.rollout_correction_cap
+                )
                 batch.old_logp = logp
             batch.entropy = ent
         return batch
@@ -280,7 +298,7 @@ class Trainer:
             logp[part, : lp.shape[1]] = lp.float().cpu()
             if ent is not None:
                 ent[part, : e.shape[1]] = e.float().cpu()
-        if self.dist.world > 1:
+        if self.dist.active:
             for r, lp, e in self.dist.gather((rows, logp[rows], None if ent is None else ent[rows])):
                 logp[r] = lp
                 if ent is not None:
@@ -351,9 +369,9 @@ class Trainer:
         if not self.validator:
             return {}
         if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.train.max_steps:
-            # rank 0 evaluates; the others go on to the next step (under FSDP after gathering the weights with it)
-            with self.stage("eval"), self.policy.full_weights():
-                return self.evaluate() if self.dist.is_main else {}
+            # every rank evaluates its share of the records; rank 0 gets the metrics
+            with self.stage("eval"), self.collector.generation_weights():
+                return self.evaluate()
         return {}
 
     # ------------------------------------------------------------------ eval / io
@@ -384,32 +402,39 @@ class Trainer:
                 f.write(json.dumps(row) + "\n")
 
     def save(self) -> Path:
-        rngs = self.dist.gather(rng_state())  # every process's generators, written by rank 0
-        final = self.out / "checkpoints" / f"step-{self.step}"
+        """A checkpoint (:mod:`mmrl.checkpoint`). Under FSDP every rank writes its optimizer shard into the staging
+        folder in parallel; rank 0 writes the HF weights (gathered from the shards) and the rest."""
+        root, d, sharded = self.out / "checkpoints", self.dist, bool(self.policy.sharded)
+        rngs = d.gather(rng_state())  # every process's generators, written by rank 0
+        if d.is_main:
+            checkpoint.begin(root, self.step)
+        d.barrier()
+        if sharded:
+            fsdp.save_sharded_optimizer(
+                self.policy.model, self.opt, checkpoint.staging(root, self.step) / "optimizer"
+            )
         weights = self.policy.full_state_dict()  # under FSDP: gathered on rank 0 (every rank takes part)
-        optim = fsdp.full_optimizer_state(self.policy.model, self.opt) if self.policy.sharded else None
-        if not self.dist.is_main:
-            self.dist.barrier()
-            return final
-        state = {
-            "sampler": self.sampler.state_dict(),
-            "advantage": self.estimator.state_dict(),
-            "last_kl": self.last_kl,
-            "config": to_dict(self.cfg),
-        }
-        save_checkpoint(
-            self.out / "checkpoints",
-            self.step,
-            policy=self.policy,
-            optimizer=self.opt,
-            scheduler=self.sched,
-            state=state,
-            keep=self.cfg.train.keep_checkpoints,
-            rank_rng=rngs[1:],
-            weights=weights,
-            optimizer_state=optim,
-        )
-        self.dist.barrier()
+        final = root / f"step-{self.step}"
+        if d.is_main:
+            state = {
+                "sampler": self.sampler.state_dict(),
+                "advantage": self.estimator.state_dict(),
+                "last_kl": self.last_kl,
+                "config": to_dict(self.cfg),
+            }
+            checkpoint.save_checkpoint(
+                root,
+                self.step,
+                policy=self.policy,
+                optimizer=None if sharded else self.opt,
+                scheduler=self.sched,
+                state=state,
+                keep=self.cfg.train.keep_checkpoints,
+                rank_rng=rngs[1:],
+                weights=weights,
+                staged=True,
+            )
+        d.barrier()
         return final
 
     @contextmanager

@@ -4,7 +4,8 @@ accumulated over micro-batches of ``optim.micro_batch_size`` rows (ALGORITHMS.md
 Every method is looked up by name and called through one shape, so nothing here branches on a method's name:
 - the policy loss ``LOSSES[algo.loss](logp, old_logp, adv, mask, group_ids=..., **options)`` gives token losses;
   its options are the clip fields it declares plus ``algo.loss_options``; a loss marked ``needs_whole_groups``
-  gets micro-batches that never split a prompt's group;
+  gets micro-batches that never split a prompt's group; the rollout correction's weights
+  (``batch.rollout_weights``, :mod:`mmrl.algos.rollout_correction`) multiply them;
 - the aggregation ``AGGREGATIONS[algo.loss_agg]`` turns token losses into numerators and units that add up across
   micro-batches, so the accumulated gradient equals the whole mini-batch's (tested);
 - the KL to the reference (``KL_ESTIMATORS[algo.kl_estimator]``) is a loss term when ``algo.kl_in: loss`` (as a
@@ -46,6 +47,7 @@ class RolloutBatch:
     entropy: torch.Tensor | None = None  # [N, T] under pi_old, for estimators that need it
     advantages: torch.Tensor | None = None  # [N] or [N, T]
     rows: list[int] | None = None  # the rows this process scores and trains on (None: all)
+    rollout_weights: torch.Tensor | None = None  # [N, T] detached token-loss weights (rollout correction)
 
     @property
     def local_rows(self) -> list[int]:
@@ -78,6 +80,11 @@ class PolicyUpdate:
         a = cfg.algo
         self.cfg, self.policy, self.opt, self.sched, self.temperature = cfg, policy, opt, sched, temperature
         self.dist = dist or Dist()
+        if self.dist.active and not policy.distributed:
+            raise ValueError(
+                f"a process group of {self.dist.world} but the policy is neither replicated nor sharded: call "
+                "policy.replicate(dist) (DDP sums the gradients) or policy.shard() (FSDP2) before the update"
+            )
         self.loss_fn: Callable = LOSSES.get(a.loss)
         self.loss_kwargs = loss_options(cfg)
         self.agg = AGGREGATIONS.get(a.loss_agg)
@@ -107,64 +114,74 @@ class PolicyUpdate:
         return [rows[s : s + size] for s in range(0, len(rows), size)]
 
     def _optimizer_step(self, batch: RolloutBatch, rows: list[int], unit: int) -> dict[str, float]:
-        a, dev, pol = self.cfg.algo, self.policy.device, self.policy
+        pol = self.policy
         full_mask = batch.mask
         # the global mini-batch's denominator, split the way the whole batch would be on one process
         units = sum(self.agg.units(full_mask[m]) for m in self._micro_batches(rows, unit))
         mine = set(batch.local_rows)
         micros = self._micro_batches([r for r in rows if r in mine], unit)
         weights = [1.0] * len(micros)
-        if pol.sharded:  # every forward is a collective: pad to the most micro-batches any rank has, weight 0
-            most = max(self.dist.gather(len(micros)))
-            pad = batch.local_rows[:unit]
-            micros, weights = micros + [pad] * (most - len(micros)), weights + [0.0] * (most - len(micros))
+        # zero-weight padding micro-batches: under FSDP every forward is a collective (pad to the most any rank
+        # has); under DDP every rank runs the one synchronising backward (pad a rank with no rows to one)
+        most = max(self.dist.gather(len(micros))) if pol.sharded else max(len(micros), int(pol.distributed))
+        pad = batch.local_rows[:unit]
+        micros, weights = micros + [pad] * (most - len(micros)), weights + [0.0] * (most - len(micros))
         self.opt.zero_grad(set_to_none=True)
         acc = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0}
         parts: list[tuple[dict[str, Any], float]] = []
-        for part, weight in zip(micros, weights):
-            logp, ent, mask = pol.logprobs(
-                [batch.prompts[i] for i in part],
-                [batch.completions[i] for i in part],
-                temperature=self.temperature,
-                entropy_grad=a.entropy_coef != 0,
-            )
-            T = logp.shape[1]
-            adv = batch.advantages[part]
-            adv = (adv[:, :T] if adv.dim() == 2 else adv).to(dev)
-            group_ids = torch.tensor([i // batch.group_size for i in part], device=dev)
-            tok_loss, st = self.loss_fn(
-                logp, batch.old_logp[part, :T].to(dev), adv, mask, group_ids=group_ids, **self.loss_kwargs
-            )
-            pg = self.agg.numerator(tok_loss, mask, self.constant) / units
-            loss = pg
-            if self.kl_fn is not None and batch.ref_logp is not None:
-                kl = self.agg.numerator(
-                    self.kl_fn(logp, batch.ref_logp[part, :T].to(dev)), mask, self.constant
-                )
-                loss = loss + a.kl_coef * kl / units
-                acc["kl"] += weight * kl.item() / units
-            ent_term = self.agg.numerator(ent, mask, self.constant) / units
-            if a.entropy_coef:
-                loss = loss - a.entropy_coef * ent_term
-            if not weight:  # padding for FSDP: the forward and backward run, nothing is counted
-                (loss * 0.0).backward()
-                continue
-            # FSDP averages gradients over ranks; the loss is already divided by the global units: undo the mean
-            (loss * self.dist.world if pol.sharded else loss).backward()
-            n_tok = float(mask.sum())
-            self.tokens += int(n_tok)
-            acc["loss"] += loss.item()
-            acc["pg_loss"] += pg.item()
-            acc["entropy"] += ent_term.item()
-            parts.append(({k: float(v) for k, v in st.items()}, n_tok))
+        for i, (part, weight) in enumerate(zip(micros, weights)):
+            with pol.grad_sync(i == len(micros) - 1):  # DDP reduces once, in the last micro-batch's backward
+                st, n_tok = self._micro_step(batch, part, weight, units, acc)
+            if weight:
+                self.tokens += int(n_tok)
+                parts.append((st, n_tok))
         params = [p for p in pol.model.parameters() if p.requires_grad]
-        if not pol.sharded:  # FSDP's reduce-scatter has summed them already
-            self.dist.sum_grads(params)
         clip = self.cfg.optim.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         if hasattr(norm, "full_tensor"):  # a DTensor under FSDP
             norm = norm.full_tensor()
         self.opt.step()
         self.sched.step()
+        self.opt.zero_grad(set_to_none=True)  # gradients are not kept through generation and the weight sync
         all_parts = [x for ps in self.dist.gather(parts) for x in ps]
         return self.dist.sum(acc) | reduce_stats(all_parts) | {"grad_norm": float(norm)}
+
+    def _micro_step(
+        self, batch: RolloutBatch, part: list[int], weight: float, units: float, acc: dict[str, float]
+    ) -> tuple[dict[str, float], float]:
+        """Forward and backward of one micro-batch; adds its share to ``acc``; returns its loss statistics and
+        token count (a zero-weight padding micro-batch runs both passes and counts nothing)."""
+        a, dev, pol = self.cfg.algo, self.policy.device, self.policy
+        logp, ent, mask = pol.logprobs(
+            [batch.prompts[i] for i in part],
+            [batch.completions[i] for i in part],
+            temperature=self.temperature,
+            entropy_grad=a.entropy_coef != 0,
+        )
+        T = logp.shape[1]
+        adv = batch.advantages[part]
+        adv = (adv[:, :T] if adv.dim() == 2 else adv).to(dev)
+        group_ids = torch.tensor([i // batch.group_size for i in part], device=dev)
+        tok_loss, st = self.loss_fn(
+            logp, batch.old_logp[part, :T].to(dev), adv, mask, group_ids=group_ids, **self.loss_kwargs
+        )
+        if batch.rollout_weights is not None:  # algo.rollout_correction: pi_old / pi_rollout, capped/masked
+            tok_loss = tok_loss * batch.rollout_weights[part, :T].to(dev)
+        pg = self.agg.numerator(tok_loss, mask, self.constant) / units
+        loss = pg
+        if self.kl_fn is not None and batch.ref_logp is not None:
+            kl = self.agg.numerator(self.kl_fn(logp, batch.ref_logp[part, :T].to(dev)), mask, self.constant)
+            loss = loss + a.kl_coef * kl / units
+            acc["kl"] += weight * kl.item() / units
+        ent_term = self.agg.numerator(ent, mask, self.constant) / units
+        if a.entropy_coef:
+            loss = loss - a.entropy_coef * ent_term
+        if not weight:  # padding (FSDP, DDP): the forward and backward run, nothing is counted
+            (loss * 0.0).backward()
+            return {}, 0.0
+        # FSDP averages gradients over ranks; the loss is already divided by the global units: undo the mean
+        (loss * self.dist.world if pol.sharded else loss).backward()
+        acc["loss"] += loss.item()
+        acc["pg_loss"] += pg.item()
+        acc["entropy"] += ent_term.item()
+        return {k: float(v) for k, v in st.items()}, float(mask.sum())

@@ -7,7 +7,9 @@ benchmark's published scorer (the one ``mmrl eval`` uses, :mod:`mmrl.eval`).
   logged during training is the number ``mmrl eval`` reports for the checkpoint: ``eval/accuracy``, ``eval/<part>``
   and ``eval/accuracy/<key>=<value>`` for its breakdowns (subject, level, platform, ...).
 
-Generation runs on a forked RNG with a fixed seed, so evaluating never changes the training run.
+Generation runs on a forked RNG with a fixed seed, so evaluating never changes the training run. With several
+processes every rank generates and scores its contiguous share of the held-out records and rank 0 aggregates the
+gathered results (the others return ``{}``): no rank waits in a collective while another evaluates alone.
 """
 
 from __future__ import annotations
@@ -39,15 +41,27 @@ class Validator:
 
     @torch.no_grad()
     def __call__(self) -> dict[str, float]:
-        c = self.collector
-        prompts = [c.encode(s) for s in self.samples]
+        """The held-out metrics on rank 0 (``{}`` on the others); call it on every rank."""
+        c, d = self.collector, self.collector.dist
+        mine = d.split(len(self.samples))
+        samples = [self.samples[i] for i in mine]
+        prompts = [c.encode(s) for s in samples]
         devices = [c.policy.device] if c.policy.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(
+            devices=devices
+        ):  # also with no records here: engines may generate together
             torch.manual_seed(self.cfg.train.seed + 7919)
             groups = c.engine.generate(prompts, c.sampling_params(eval_mode=True))
         if self.items:
-            return self.benchmark_scores([g[0].text for g in groups])
-        return self.reward_scores(prompts, groups)
+            texts = [t for part in d.gather([g[0].text for g in groups]) for t in part]
+            return self.benchmark_scores(texts) if d.is_main else {}
+        inputs = [
+            ri
+            for s, p, g in zip(samples, prompts, groups)
+            for ri in reward_inputs(s, p, [x.text for x in g], [len(x.token_ids) for x in g])
+        ]
+        results = [r for part in d.gather(self.collector.reward(inputs) if inputs else []) for r in part]
+        return self.reward_scores(results) if d.is_main else {}
 
     def benchmark_scores(self, responses: list[str]) -> dict[str, float]:
         from mmrl.eval import score_predictions
@@ -62,13 +76,7 @@ class Validator:
             out |= {f"eval/accuracy/{key}={v}": float(r["accuracy"]) for v, r in values.items()}
         return out
 
-    def reward_scores(self, prompts: list[Any], groups: list[list[Any]]) -> dict[str, float]:
-        inputs = [
-            ri
-            for s, p, g in zip(self.samples, prompts, groups)
-            for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g])
-        ]
-        results = self.collector.reward(inputs)
+    def reward_scores(self, results: list[Any]) -> dict[str, float]:
         scores = [r.score for r in results]
         ok = [sc >= self.cfg.eval.success_threshold - 1e-6 for sc in scores]
         out = {"eval/accuracy": sum(ok) / len(ok), "eval/reward_mean": sum(scores) / len(scores)}

@@ -1,4 +1,4 @@
-"""Load an image from anything a dataset holds, make it 8-bit RGB, and resize it the way Qwen2/2.5-VL expects.
+"""Load an image from anything a dataset holds, make it 8-bit RGB, and resize it to a model's input geometry.
 
 :func:`load_image` accepts a path, raw bytes, a base64 string, a ``data:`` URI or a PIL image, applies the EXIF
 orientation and converts every PIL mode to 8-bit RGB. It is written here rather than taken from
@@ -19,9 +19,13 @@ Departures and choices, each on purpose:
   same message.
 * Multi-frame files (GIF, APNG, TIFF) give their first frame.
 
-:func:`prepare_image` resizes with :func:`mmrl.processors.geometry.smart_resize` and bicubic resampling (PIL's default
-for ``Image.resize``, which ``qwen_vl_utils.fetch_image`` uses) and returns an :class:`ImageGeometry` that maps
-points and boxes between original and model pixels.
+:func:`prepare_image` resizes to the model's grid and returns an :class:`ImageGeometry` that maps points and boxes
+between original and model pixels. The grid is a parameter, read by the policy from the checkpoint's processor
+(:mod:`mmrl.families`): for a dynamic-resolution tower, :func:`mmrl.processors.geometry.smart_resize` with the side
+multiple ``factor`` (patch x merge: 28 for Qwen2/2.5-VL, the default here; 32 for Qwen3-VL and Qwen3.5); for a
+fixed-size tower (Gemma 3's SigLIP), a stretch to ``fixed_size``. Either way the resize is a per-axis stretch, so the
+mapping is a per-axis scale and exact. Resampling is bicubic by default (PIL's default for ``Image.resize``, which
+``qwen_vl_utils.fetch_image`` uses); the policy passes the processor's own filter.
 """
 
 from __future__ import annotations
@@ -230,21 +234,28 @@ def prepare_image(
     min_pixels: int = MIN_PIXELS,
     max_pixels: int = MAX_PIXELS,
     factor: int = IMAGE_FACTOR,
+    fixed_size: tuple[int, int] | None = None,
+    resample: Image.Resampling = Image.Resampling.BICUBIC,
     record_id: str = "?",
 ) -> tuple[Image.Image, ImageGeometry]:
-    """Resize ``img`` to the model's grid (sides multiples of ``factor``, pixel count within the budget).
+    """Resize ``img`` to the model's grid: sides multiples of ``factor`` with the pixel count within the budget, or
+    exactly ``fixed_size`` ``(width, height)`` for a fixed-size tower (the budget then does not apply).
 
     Returns the RGB image the model sees and its :class:`ImageGeometry`. Raises :class:`MediaError` when the aspect
-    ratio is beyond what the model accepts (over 200:1) and ``ValueError`` when ``min_pixels > max_pixels``.
+    ratio is beyond what a dynamic-resolution model accepts (over 200:1) and ``ValueError`` when
+    ``min_pixels > max_pixels``.
     """
     if min_pixels > max_pixels:
         raise ValueError(f"min_pixels {min_pixels} > max_pixels {max_pixels}; fix the processor settings")
     w, h = img.size
-    try:
-        model_h, model_w = smart_resize(h, w, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
-    except GeometryError as e:
-        raise MediaError(record_id, f"image cannot be resized for the model: {e}") from e
+    if fixed_size is not None:
+        model_w, model_h = fixed_size
+    else:
+        try:
+            model_h, model_w = smart_resize(h, w, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+        except GeometryError as e:
+            raise MediaError(record_id, f"image cannot be resized for the model: {e}") from e
     rgb = img if img.mode == "RGB" else to_rgb(img, record_id=record_id)
     if (model_w, model_h) != (w, h):
-        rgb = rgb.resize((model_w, model_h), Image.Resampling.BICUBIC)
+        rgb = rgb.resize((model_w, model_h), resample)
     return rgb, ImageGeometry(original_size=(w, h), model_size=(model_w, model_h))

@@ -1,14 +1,20 @@
-"""Read a video file into the even-length stack of RGB frames that Qwen2/2.5-VL takes.
+"""Read a video file into the stack of RGB frames a Qwen-style video tower takes (Qwen2/2.5-VL, Qwen3-VL, Qwen3.5).
+
+The model's geometry is a parameter, read by the policy from the checkpoint's video processor
+(:mod:`mmrl.families`): ``factor``, the side multiple (patch x merge: 28 for Qwen2/2.5-VL, the default; 32 for
+Qwen3-VL and Qwen3.5), and ``temporal_patch``, the frames per temporal patch (2 for all of them, the default).
 
 Frame selection follows ``qwen_vl_utils.vision_process.smart_nframes`` and its ``linspace(...).round()`` indexing:
-``total_frames / source_fps * fps`` frames, clamped to ``[min_frames, max_frames]`` (rounded up / down to even)
-and to the frame count, then floored to even, spread uniformly over the whole video. Frames are resized with
-:func:`mmrl.processors.geometry.smart_resize` under the per-frame pixel budget, with PIL's antialiased bicubic
-filter (qwen-vl-utils uses torchvision's antialiased bicubic).
+``total_frames / source_fps * fps`` frames, clamped to ``[min_frames, max_frames]`` (rounded up / down to a
+multiple of ``temporal_patch``) and to the frame count, then floored to a multiple of ``temporal_patch``, spread
+uniformly over the whole video. Frames are resized with :func:`mmrl.processors.geometry.smart_resize` (sides
+multiples of ``factor``) under the per-frame pixel budget, with PIL's antialiased bicubic filter (qwen-vl-utils
+uses torchvision's antialiased bicubic).
 
-Departures from qwen-vl-utils, on purpose: a one-frame video gives two copies of its frame (the model's temporal
-patch is 2 frames; qwen-vl-utils raises), the defaults are smaller (``min_frames=2``, ``max_frames=32``, about 192
-tokens per frame), no URL is fetched, and every failure is a :class:`MediaError` naming the sample.
+Departures from qwen-vl-utils, on purpose: a one-frame video gives ``temporal_patch`` copies of its frame (the
+model's temporal patch is 2 frames; qwen-vl-utils raises), the defaults are smaller (``min_frames=2``,
+``max_frames=32``, about 192 tokens per frame), no URL is fetched, and every failure is a :class:`MediaError` naming
+the sample.
 
 It is written here rather than calling ``qwen_vl_utils.fetch_video`` because that needs torch and torchvision,
 picks its backend from an environment variable read at import, and falls back to ``torchvision.io.read_video``,
@@ -33,7 +39,7 @@ from PIL import Image
 from mmrl.processors.errors import MediaError, resolve_media_path
 from mmrl.processors.geometry import IMAGE_FACTOR, GeometryError, smart_resize
 
-FRAME_FACTOR = 2  # Qwen2/2.5-VL's temporal patch size: frames enter the model in pairs
+FRAME_FACTOR = 2  # the Qwen towers' temporal patch size (the default): frames enter the model in pairs
 BACKENDS = ("auto", "decord", "opencv")
 _DECORD_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
@@ -43,7 +49,7 @@ class VideoClip:
     """Frames chosen from one video. ``frame_indices[i]`` is the source index of ``frames[i]``; a padded last frame
     repeats its index. ``sample_fps = len(frames) / total_frames * source_fps``, as qwen-vl-utils reports it."""
 
-    frames: np.ndarray  # [T, H, W, 3] uint8 RGB, T even
+    frames: np.ndarray  # [T, H, W, 3] uint8 RGB, T a multiple of the temporal patch
     sample_fps: float
     frame_indices: list[int]
     source_fps: float
@@ -52,22 +58,32 @@ class VideoClip:
 
 
 def select_frame_indices(
-    total_frames: int, source_fps: float, *, fps: float = 2.0, min_frames: int = 2, max_frames: int = 32
+    total_frames: int,
+    source_fps: float,
+    *,
+    fps: float = 2.0,
+    min_frames: int = 2,
+    max_frames: int = 32,
+    temporal_patch: int = FRAME_FACTOR,
 ) -> list[int]:
-    """Source frame indices to keep: an even count, uniform over the video (qwen-vl-utils' ``smart_nframes``)."""
+    """Source frame indices to keep: a multiple of ``temporal_patch``, uniform over the video (qwen-vl-utils'
+    ``smart_nframes``)."""
     if total_frames < 1 or source_fps <= 0:
         raise ValueError(f"need total_frames >= 1 and source_fps > 0, got {total_frames} and {source_fps}")
-    lo = math.ceil(min_frames / FRAME_FACTOR) * FRAME_FACTOR
-    hi = math.floor(max_frames / FRAME_FACTOR) * FRAME_FACTOR
-    if fps <= 0 or min_frames < 1 or hi < max(lo, FRAME_FACTOR):
+    if temporal_patch < 1:
+        raise ValueError(f"temporal_patch must be >= 1, got {temporal_patch}")
+    lo = math.ceil(min_frames / temporal_patch) * temporal_patch
+    hi = math.floor(max_frames / temporal_patch) * temporal_patch
+    if fps <= 0 or min_frames < 1 or hi < max(lo, temporal_patch):
         raise ValueError(
             f"bad frame settings fps={fps}, min_frames={min_frames}, max_frames={max_frames}: need fps > 0, "
-            f"min_frames >= 1 and max_frames >= max(min_frames, {FRAME_FACTOR})"
+            f"min_frames >= 1 and max_frames >= max(min_frames, {temporal_patch})"
         )
     wanted = min(max(total_frames / source_fps * fps, lo), hi, total_frames)
-    n = max(1, math.floor(wanted / FRAME_FACTOR) * FRAME_FACTOR)  # 1 only for a one-frame video
+    # 1 only for a video shorter than a temporal patch
+    n = max(1, math.floor(wanted / temporal_patch) * temporal_patch)
     indices = np.linspace(0, total_frames - 1, n).round().astype(int).tolist()
-    while len(indices) % FRAME_FACTOR:
+    while len(indices) % temporal_patch:
         indices.append(indices[-1])
     return indices
 
@@ -83,8 +99,11 @@ def load_video(
     min_pixels: int = 128 * 28 * 28 // 4,
     base_dir: str | os.PathLike[str] | None = None,
     backend: str = "auto",
+    factor: int = IMAGE_FACTOR,
+    temporal_patch: int = FRAME_FACTOR,
 ) -> VideoClip:
-    """Read ``path`` (relative paths join ``base_dir``) and return its selected, resized frames.
+    """Read ``path`` (relative paths join ``base_dir``) and return its selected, resized frames: sides multiples
+    of ``factor``, the frame count a multiple of ``temporal_patch`` (the model's geometry, see the module).
 
     ``backend`` is ``"auto"`` (decord if importable and it opens the file, else OpenCV), ``"decord"`` or
     ``"opencv"``. Raises :class:`MediaError` naming ``record_id`` for a missing, empty, unreadable or frameless
@@ -99,7 +118,7 @@ def load_video(
             "backend='decord' needs the decord package (pip install decord); or use 'auto'/'opencv'"
         )
     p = resolve_media_path(path, base_dir=base_dir, record_id=record_id, kind="video")
-    select = dict(fps=fps, min_frames=min_frames, max_frames=max_frames)
+    select = dict(fps=fps, min_frames=min_frames, max_frames=max_frames, temporal_patch=temporal_patch)
     if backend == "decord" or (backend == "auto" and _decord_available()):
         try:
             frames, indices, total, src_fps = _read_decord(p, record_id, select)
@@ -113,7 +132,7 @@ def load_video(
         frames, indices, total, src_fps = _read_opencv(p, record_id, select)
         name = "opencv"
     return VideoClip(
-        frames=_resize_frames(frames, min_pixels, max_pixels, record_id),
+        frames=_resize_frames(frames, min_pixels, max_pixels, factor, record_id),
         sample_fps=len(indices) / total * src_fps,
         frame_indices=indices,
         source_fps=src_fps,
@@ -218,10 +237,12 @@ def _grab_frames(p: Path, wanted: set[int], last: int | None) -> tuple[dict[int,
     return got, i
 
 
-def _resize_frames(frames: np.ndarray, min_pixels: int, max_pixels: int, record_id: str) -> np.ndarray:
+def _resize_frames(
+    frames: np.ndarray, min_pixels: int, max_pixels: int, factor: int, record_id: str
+) -> np.ndarray:
     _, h, w, _ = frames.shape  # [T, H, W, 3]
     try:
-        new_h, new_w = smart_resize(h, w, factor=IMAGE_FACTOR, min_pixels=min_pixels, max_pixels=max_pixels)
+        new_h, new_w = smart_resize(h, w, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
     except GeometryError as e:
         raise MediaError(record_id, f"video frames cannot be resized for the model: {e}") from e
     if (new_h, new_w) == (h, w):

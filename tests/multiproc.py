@@ -8,6 +8,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WALL_CLOCK = ("vade/select_ms", "vade/draw_ms")
+# the environment as the test session started: an in-process vLLM engine (another test) exports its own settings
+# (LD_PRELOAD, LOCAL_WORLD_SIZE, VLLM_DIST_IDENT, ...), which must not reach the processes launched here
+BASE_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -20,8 +23,7 @@ def torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
         str(nproc),
         *args,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=BASE_ENV, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 

@@ -36,6 +36,8 @@ cfg = load_config(None, [f"model.path={tiny}", "model.max_pixels=3136", f"algo.l
 torch.manual_seed(0)
 pol = Policy.from_pretrained(cfg.model)
 ref = Policy.from_pretrained(cfg.model, trainable=False)
+if dist.active:  # a launcher made a process group (torchrun, also with 1 process)
+    pol.replicate(dist)  # as the trainer does: DDP sums the gradients
 s = Sample("q", [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}], [img])
 p = pol.encode(s)
 comps = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15], [16, 17, 18, 19], [20], [21, 22], [23, 24, 25]]

@@ -42,6 +42,8 @@ with torch.no_grad():
     ref_lp = ref.logprobs([p] * 8, comps)[0] - 0.1
 if shard:
     pol.shard()
+elif dist.active:  # under torchrun, as the trainer does: DDP sums the gradients
+    pol.replicate(dist)
 world = dist.world
 rows = list(range(dist.rank * 8 // world, (dist.rank + 1) * 8 // world))
 adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0, -0.3, 0.6])
@@ -200,30 +202,25 @@ def test_sharded_lora_run_resumes_and_saves_the_adapter_and_merged_model(tmp_pat
     assert any(not torch.equal(v, start[k]) for k, v in merged.items())
 
 
-def test_fsdp_follows_the_setting_then_the_launcher_and_never_shards_one_process(monkeypatch):
+def test_fsdp_follows_the_setting_then_the_launcher_and_never_shards_without_a_launcher(monkeypatch):
     from mmrl.fsdp import wanted
 
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
-    assert not wanted(None, 2) and wanted(True, 2) and not wanted(True, 1)
+    assert not wanted(None, True) and wanted(True, True) and not wanted(True, False)
     monkeypatch.setenv(
         "ACCELERATE_USE_FSDP", "true"
     )  # what accelerate launch exports for distributed_type: FSDP
-    assert wanted(None, 8) and not wanted(False, 8) and not wanted(None, 1)
+    assert wanted(None, True) and not wanted(False, True) and not wanted(None, False)
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["rollout.engine=vllm"], "train.fsdp with rollout.engine 'vllm' is not supported yet"),
-    ],
-)
-def test_what_fsdp_is_not_combined_with_is_refused_before_loading(overrides, message):
-    from mmrl.checks import ConfigError, check_components
+def test_fsdp_with_the_vllm_engine_passes_the_preflight(monkeypatch):
+    """FSDP2 + vLLM streams the weights from the shards (tests/test_vllm_train.py runs it); no longer refused."""
+    from mmrl.checks import check_components
     from mmrl.config import load_config
+    from mmrl.rollout import ENGINES
 
-    cfg = load_config(None, [f"model.path={TINY}", "train.fsdp=true", *overrides])
-    with pytest.raises(ConfigError, match=message):
-        check_components(cfg)
+    monkeypatch.setattr(ENGINES.get("vllm"), "check", staticmethod(lambda: None))  # vLLM lives in .venv-vllm
+    check_components(load_config(None, [f"model.path={TINY}", "train.fsdp=true", "rollout.engine=vllm"]))
 
 
 def test_resuming_with_another_fsdp_setting_names_the_fix(tmp_path):
@@ -231,15 +228,16 @@ def test_resuming_with_another_fsdp_setting_names_the_fix(tmp_path):
 
     lin = torch.nn.Linear(2, 2)
     opt = torch.optim.AdamW(lin.parameters())
-    lin(torch.ones(1, 2)).sum().backward()
-    opt.step()
-    ckpt = tmp_path / "step-1"
-    ckpt.mkdir()
-    torch.save(
-        {"state": {"weight": {"step": 1}}, "param_groups": []}, ckpt / "optimizer.pt"
-    )  # name-keyed: FSDP
-    with pytest.raises(ValueError, match="resume with the same train.fsdp setting"):
-        load_training_state(ckpt, opt, None)
+    sharded, plain = tmp_path / "sharded", tmp_path / "plain"
+    (sharded / "optimizer").mkdir(parents=True)  # torch's distributed checkpoint of an FSDP run
+    plain.mkdir()
+    torch.save(opt.state_dict(), plain / "optimizer.pt")
+    with pytest.raises(
+        ValueError, match="was sharded .FSDP. and this run is unsharded; resume with the same train.fsdp"
+    ):
+        load_training_state(sharded, opt, None)
+    with pytest.raises(ValueError, match="was unsharded and this run is sharded"):
+        load_training_state(plain, opt, None, model=lin)
 
 
 @pytest.mark.slow

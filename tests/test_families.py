@@ -1,0 +1,349 @@
+"""Every tiny family of ``mmrl build-tiny --family`` encodes non-square images on its own geometry, maps coordinates
+exactly, scores rollouts like the training forward and trains (full and LoRA) for 2 steps.
+
+The checkpoints are built once per session into a temporary folder (each builds in well under a second after
+import; together they are ~8 MB, too large to ship in assets/). Qwen2.5-VL uses the shipped tiny model.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mmrl.cli import main
+from mmrl.config import ModelConfig
+from mmrl.families import UnsupportedGeometry, VisionGeometry, vision_geometry
+from mmrl.logging import read_metrics
+from mmrl.policy import Policy
+from mmrl.processors.image import ImageGeometry
+from mmrl.rewards.gui import to_original
+from mmrl.rollout import HFEngine, SamplingParams
+from mmrl.tiny import FAMILIES, build_tiny
+from mmrl.types import Sample
+
+ROOT = Path(__file__).resolve().parents[1]
+NEW = [f for f in FAMILIES if f != "qwen2_5_vl"]
+SIZES = [(57, 83), (200, 120), (31, 300)]  # (w, h): no side a multiple of 28 or 32
+MORE_SIZES = [(1, 1), (28, 28), (32, 32), (56, 56), (640, 480), (333, 334)]
+# Beyond ~1:30 at these budgets transformers' own smart_resize gives a zero side (and a wrong token count); mmrl keeps
+# one grid step (tests/test_geometry.py), so these are checked against the grid only.
+EXTREME = [(13, 500), (1000, 37)]
+# budgets in merged patches of each grid: 4..16 (the tiny processors' own)
+BUDGET = {28: (4 * 28 * 28, 16 * 28 * 28), 32: (4 * 32 * 32, 16 * 32 * 32)}
+
+
+@pytest.fixture(scope="session")
+def family_dir(tmp_path_factory):
+    root, built = tmp_path_factory.mktemp("families"), {}
+
+    def get(family: str) -> Path:
+        if family == "qwen2_5_vl":
+            return ROOT / "assets" / "tiny-qwen2.5-vl"
+        if family not in built:
+            built[family] = build_tiny(root / family, seed=0, family=family)
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def policy(family_dir):
+    cache = {}
+
+    def get(family: str) -> Policy:
+        if family not in cache:
+            path = family_dir(family)
+            factor = vision_geometry(_processor(path)).factor
+            lo, hi = BUDGET.get(factor, (3136, 12544))
+            cache[family] = Policy.from_pretrained(ModelConfig(path=str(path), min_pixels=lo, max_pixels=hi))
+        return cache[family]
+
+    return get
+
+
+def _processor(path: Path):
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """Non-square images, left half red and right half blue, by size."""
+    d = tmp_path_factory.mktemp("imgs")
+    out = {}
+    for w, h in SIZES + MORE_SIZES + EXTREME:
+        a = np.zeros((h, w, 3), np.uint8)
+        a[:, : w // 2] = (230, 20, 20)
+        a[:, w // 2 :] = (20, 20, 230)
+        Image.fromarray(a).save(d / f"{w}x{h}.png")
+        out[(w, h)] = str(d / f"{w}x{h}.png")
+    return out
+
+
+def _sample(
+    sid: str, paths: list[str], text: str = "What colour is the shape?", system: bool = False
+) -> Sample:
+    content = [{"type": "image"} for _ in paths] + [{"type": "text", "text": text}]
+    messages = [{"role": "system", "content": "Answer briefly."}] if system else []
+    return Sample(sid, messages + [{"role": "user", "content": content}], images=list(paths))
+
+
+def _image_token_id(policy: Policy) -> int:
+    return policy.model.config.image_token_id
+
+
+def test_every_family_builds_and_loads_like_a_release(family_dir):
+    from transformers import AutoModelForImageTextToText
+
+    for family in NEW:
+        path = family_dir(family)
+        config = json.loads((path / "config.json").read_text())
+        assert config["model_type"] == family
+        model = AutoModelForImageTextToText.from_pretrained(path)
+        assert model.num_parameters() < 500_000
+        assert (path / "README.md").read_text().startswith(f"# tiny-{family}\n")
+    with pytest.raises(ValueError, match="unknown family 'llama9'"):
+        build_tiny(family_dir("qwen3_vl").parent / "x", family="llama9")
+
+
+def test_geometry_is_read_from_the_processor(family_dir):
+    want = {
+        "qwen2_5_vl": (28, None, 2, Image.Resampling.BICUBIC),
+        "qwen3_vl": (32, None, 2, Image.Resampling.BICUBIC),
+        "qwen3_vl_moe": (32, None, 2, Image.Resampling.BICUBIC),
+        "qwen3_5": (32, None, 2, Image.Resampling.BICUBIC),
+        "qwen3_5_moe": (32, None, 2, Image.Resampling.BICUBIC),
+        "gemma3": (1, (224, 224), None, Image.Resampling.BILINEAR),
+    }
+    for family, (factor, fixed, temporal, resample) in want.items():
+        geo = vision_geometry(_processor(family_dir(family)))
+        assert (geo.factor, geo.fixed_size, geo.temporal_patch, geo.resample) == (
+            factor,
+            fixed,
+            temporal,
+            resample,
+        )
+    qwen3 = vision_geometry(_processor(family_dir("qwen3_vl")))
+    assert (qwen3.min_pixels, qwen3.max_pixels, qwen3.video_factor) == (4 * 32 * 32, 16 * 32 * 32, 32)
+    assert qwen3.model_size(57, 83) == (64, 96)  # the processor's own budget when the run gives none
+
+
+def test_tiling_processors_are_refused():
+    processor = _processor_stub(do_pan_and_scan=True, size={"height": 896, "width": 896})
+    with pytest.raises(UnsupportedGeometry, match="do_pan_and_scan=True"):
+        vision_geometry(processor)
+    with pytest.raises(UnsupportedGeometry, match="cannot read the image geometry"):
+        vision_geometry(_processor_stub(size={"shortest_edge": 336}))
+
+
+def _processor_stub(**attrs):
+    class IP:
+        pass
+
+    class P:
+        image_processor = IP()
+
+    for k, v in attrs.items():
+        setattr(P.image_processor, k, v)
+    return P()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vision_token_count_matches_the_processor(family, policy, images):
+    """(a) The number of image tokens the policy encodes equals what the family's processor computes when it resizes
+    the original image itself (with the same pixels, to a grey level), and the grid covers exactly the model-size
+    pixels; encoding never crashes, and the model takes what was encoded."""
+    pol = policy(family)
+    geo: VisionGeometry = pol.geometry
+    for size in SIZES + MORE_SIZES + EXTREME:
+        prompt = pol.encode(_sample("s", [images[size]]))
+        n_tokens = int((prompt.input_ids == _image_token_id(pol)).sum())
+        if size in EXTREME and geo.fixed_size is None:
+            t, gh, gw = prompt.mm["image_grid_thw"][0].tolist()
+            assert n_tokens == gh * gw // 4 and min(gh, gw) == 2  # one merged patch across the short side
+            continue
+        own = pol.processor(
+            text=[pol.processor.image_token],
+            images=[Image.open(images[size]).convert("RGB")],
+            images_kwargs=_own_resize(pol, geo),
+            return_tensors="pt",
+        )
+        assert n_tokens == int((own["input_ids"] == _image_token_id(pol)).sum()), (family, size)
+        # the same pixels as the processor's own resize, to one grey level (PIL's filter vs torchvision's)
+        level = 1 / 255 / min(pol.processor.image_processor.image_std)
+        assert (own["pixel_values"] - prompt.mm["pixel_values"]).abs().max() <= level + 1e-5, (family, size)
+        mw, mh = prompt.model_image_sizes[0]
+        if geo.fixed_size is None:
+            t, gh, gw = prompt.mm["image_grid_thw"][0].tolist()
+            assert torch.equal(prompt.mm["image_grid_thw"], own["image_grid_thw"])
+            patch = pol.processor.image_processor.patch_size
+            assert (
+                (t, gw * patch, gh * patch) == (1, mw, mh) and mw % geo.factor == 0 and mh % geo.factor == 0
+            )
+            assert n_tokens == gh * gw // pol.processor.image_processor.merge_size**2
+            assert pol.cfg.min_pixels <= mw * mh <= pol.cfg.max_pixels
+        else:
+            assert (mw, mh) == geo.fixed_size == tuple(prompt.mm["pixel_values"].shape[-1:-3:-1])
+            assert n_tokens == pol.model.config.mm_tokens_per_image
+            assert own["pixel_values"].shape == prompt.mm["pixel_values"].shape
+    with torch.no_grad():  # the model accepts what was encoded
+        prompts = [pol.encode(_sample(f"s{i}", [images[s]])) for i, s in enumerate(SIZES)]
+        lp, _, _ = pol.logprobs(prompts, [[5, 6]] * len(prompts))
+    assert torch.isfinite(lp).all()
+
+
+def _own_resize(pol: Policy, geo: VisionGeometry) -> dict:
+    if geo.fixed_size is not None:
+        return {"do_resize": True}
+    return {
+        "do_resize": True,
+        "size": {"shortest_edge": pol.cfg.min_pixels, "longest_edge": pol.cfg.max_pixels},
+    }
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_coordinates_map_exactly_between_original_and_model_pixels(family, policy, images):
+    """(b) model_image_sizes is the size of the pixels the model saw, and the per-axis map (the GUI reward's) sends
+    corners to corners, round-trips and puts the image's red/blue edge where the model's pixels have it."""
+    pol = policy(family)
+    for size in SIZES + MORE_SIZES[-2:] + EXTREME:
+        prompt = pol.encode(_sample("s", [images[size]]))
+        (ow, oh), (mw, mh) = prompt.image_sizes[0], prompt.model_image_sizes[0]
+        assert (ow, oh) == size and prompt.images[0].size == (mw, mh)
+        geom = ImageGeometry(original_size=(ow, oh), model_size=(mw, mh))
+        reward_map = to_original({"image_sizes": [[ow, oh]], "model_image_sizes": [[mw, mh]]})
+        assert reward_map(mw, mh) == geom.to_original(mw, mh) == (ow, oh)
+        assert geom.to_model(ow, oh) == (mw, mh) and geom.to_original(0, 0) == (0, 0)
+        for x, y in [(0.5, 0.5), (ow / 3, oh / 7), (ow - 1, oh - 1), (ow / 2, oh / 2)]:
+            assert geom.to_original(*geom.to_model(x, y)) == pytest.approx((x, y), abs=1e-9)
+            assert reward_map(*geom.to_model(x, y)) == pytest.approx((x, y), abs=1e-9)
+        if ow >= 8:  # the colour edge at original x = ow // 2 sits at the mapped model x, within a pixel
+            row = np.asarray(prompt.images[0])[mh // 2, :, 0].astype(int)  # red channel
+            edge = int(np.argmax(row < 125))
+            assert abs(edge - geom.to_model(ow // 2, 0)[0]) <= 1.5, (family, size, edge)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rollout_logprobs_equal_the_training_forward(family, policy, images):
+    """(c) fp32: the HF engine's log-probs equal the training forward's to 1e-5 (batched with left padding, two images
+    in one prompt, a system prompt, text only), and the training forward has real gradients."""
+    pol = policy(family)
+    torch.manual_seed(0)
+    samples = [
+        _sample("one", [images[SIZES[0]]], system=True),
+        _sample("two", [images[SIZES[1]], images[SIZES[2]]], "How many shapes in both pictures?"),
+        Sample(
+            "text", [{"role": "user", "content": "no image at all, a longer question to change the padding"}]
+        ),
+    ]
+    prompts = [pol.encode(s) for s in samples]
+    assert len({len(p.input_ids) for p in prompts}) == 3
+    groups = HFEngine(pol, batch_size=3).generate(
+        prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=6)
+    )
+    comps = [c for g in groups for c in g]
+    flat = [p for p in prompts for _ in range(2)]
+    with pol.training():
+        lp, _, mask = pol.logprobs(flat, [c.token_ids for c in comps])
+        (lp.sum() / mask.sum()).backward()
+    for i, c in enumerate(comps):
+        assert not set(c.token_ids) & set(pol.suppressed_token_ids)
+        assert mask[i].sum().item() == len(c.token_ids)
+        err = (lp[i, : len(c.token_ids)].detach() - torch.tensor(c.logprobs)).abs().max().item()
+        assert err < 1e-5, (family, i, err)
+    grads = {n: p.grad for n, p in pol.model.named_parameters() if p.grad is not None}
+    assert any("language_model" in n and g.abs().sum() > 0 for n, g in grads.items())
+    assert any(("visual" in n or "vision_tower" in n) and g.abs().sum() > 0 for n, g in grads.items())
+    pol.model.zero_grad(set_to_none=True)
+
+
+def _train_config(tmp_path: Path, model_dir: Path, lora: bool) -> Path:
+    from mmrl.recipes.shapes.data import build
+
+    if not (tmp_path / "data").exists():
+        build(tmp_path / "data", n_train=8, n_eval=4, seed=6)
+    lora_part = ", lora: {r: 4, alpha: 8}" if lora else ""
+    cfg = tmp_path / ("lora.yaml" if lora else "full.yaml")
+    cfg.write_text(
+        f"""
+model: {{path: {model_dir}, min_pixels: 4096, max_pixels: 4096{lora_part}}}
+data: {{train: data/train.jsonl}}
+rollout: {{n: 2, max_new_tokens: 3, batch_size: 4}}
+algo: {{kl_coef: 0.01, entropy_coef: 0.01}}  # the entropy term has gradients even when every reward is 0
+optim: {{lr: 0.001, micro_batch_size: 4}}
+rewards: [{{name: exact_match}}]
+train: {{prompts_per_step: 2, progress: false, seed: 3}}
+"""
+    )
+    return cfg
+
+
+@pytest.mark.parametrize("family", NEW)
+def test_train_two_steps_full_and_lora(family, family_dir, tmp_path):
+    """(d) `mmrl train` runs 2 GRPO steps on the shapes data (56x56 images: on the 28 grid, not on 32) with full
+    fine-tuning and with LoRA's default targets, and saves a checkpoint that loads."""
+    for lora in (False, True):
+        out = tmp_path / ("lora" if lora else "full")
+        cfg = _train_config(tmp_path, family_dir(family), lora)
+        assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "2"]) == 0
+        rows = [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+        assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) for r in rows)
+        assert rows[-1]["grad_norm"] > 0
+        model_dir = out / "checkpoints" / "step-2" / "model"
+        assert (model_dir / "adapter" / "adapter_config.json").is_file() == lora
+    saved = Policy.from_pretrained(
+        ModelConfig(path=str(tmp_path / "full" / "checkpoints" / "step-2" / "model"))
+    )
+    assert saved.geometry == Policy.from_pretrained(ModelConfig(path=str(family_dir(family)))).geometry
+
+
+@pytest.mark.parametrize("family", [f for f in NEW if f != "gemma3"])
+def test_video_frames_follow_the_video_geometry(family, policy, tmp_path):
+    """Video frames of a 90x50 clip are resized to the video processor's grid (32 px for Qwen3-VL and Qwen3.5) and
+    padded to its temporal patch; the token count is the grid's and the model accepts them."""
+    import cv2
+
+    path = tmp_path / "clip.avi"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 10.0, (90, 50))
+    for i in range(15):
+        writer.write(np.full((50, 90, 3), 12 * i, np.uint8))
+    writer.release()
+    pol = policy(family)
+    content = [{"type": "video"}, {"type": "text", "text": "What happens?"}]
+    prompt = pol.encode(Sample("v", [{"role": "user", "content": content}], videos=[str(path)]))
+    frames = prompt.videos[0]  # [T, H, W, 3]
+    t, gh, gw = prompt.mm["video_grid_thw"][0].tolist()
+    patch, temporal = pol.processor.video_processor.patch_size, pol.geometry.temporal_patch
+    assert frames.shape[1] % 32 == 0 and frames.shape[2] % 32 == 0 and len(frames) % temporal == 0
+    assert (t * temporal, gh * patch, gw * patch) == frames.shape[:3]
+    assert int((prompt.input_ids == pol.model.config.video_token_id).sum()) == t * gh * gw // 4
+    with torch.no_grad():
+        assert torch.isfinite(pol.logprobs([prompt], [[5, 6]])[0]).all()
+
+
+def test_video_is_refused_by_an_image_only_family(policy, tmp_path):
+    from mmrl.processors.errors import MediaError
+
+    content = [{"type": "video"}, {"type": "text", "text": "What happens?"}]
+    with pytest.raises(MediaError, match="sample 'v'.*takes no video"):
+        policy("gemma3").encode(Sample("v", [{"role": "user", "content": content}], videos=["clip.mp4"]))
+
+
+def test_a_bos_written_by_the_template_is_not_added_again(policy, images):
+    pol = policy("gemma3")  # Gemma's tokenizer adds <bos> and its template writes one
+    ids = pol.encode(_sample("s", [images[SIZES[0]]], system=True)).input_ids
+    assert ids[0] == pol.tokenizer.bos_token_id and int((ids == pol.tokenizer.bos_token_id).sum()) == 1
+    assert pol.tokenizer("hi").input_ids[0] == pol.tokenizer.bos_token_id
+
+
+def test_the_28_pixel_grid_is_what_crashed_qwen3(policy, images):
+    """Why the geometry must come from the processor: a Qwen3-VL processor handed a 28-grid image (what mmrl's
+    resize produced before) without resizing cannot cut it into 32 px merged patches."""
+    pol = policy("qwen3_vl")
+    img = Image.open(images[SIZES[0]]).convert("RGB").resize((56, 84))  # smart_resize(83, 57) at factor 28
+    with pytest.raises(RuntimeError, match="is invalid for input of size"):
+        pol.processor(text=["<|image_pad|>"], images=[img], images_kwargs={"do_resize": False})

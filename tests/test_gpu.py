@@ -1,0 +1,118 @@
+"""CUDA-only checks (marker ``gpu``; skipped with a reason where no CUDA device is present). They are what
+``scripts/gpu-check.sh`` runs first on a lent GPU machine:
+
+- the policy on CUDA in fp32 and bf16: the HF engine's recorded log-probs equal the training forward's;
+- a world-size-1 run under torchrun on NCCL through the whole distributed code path (the Dist collectives, DDP's
+  gradient sum, evaluation split over ranks, a checkpoint written and resumed from the CPU), 2 steps + 2 resumed
+  steps equal to 4 uninterrupted ones;
+- the same with FSDP2 (one GPU: sharding over one rank, the optimizer state in torch's distributed checkpoint);
+- the Dist collectives on a real NCCL default group (host tensors through the gloo host group)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from multiproc import WALL_CLOCK, shapes_run_config, torchrun
+
+from mmrl.logging import read_metrics
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device (run scripts/gpu-check.sh on a GPU machine)", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_engine_logprobs_equal_training_forward_on_cuda(dtype, tmp_path):
+    from PIL import Image
+
+    from mmrl.config import load_config
+    from mmrl.policy import Policy
+    from mmrl.rollout import ENGINES
+    from mmrl.rollout.base import SamplingParams
+    from mmrl.types import Sample
+
+    cfg = load_config(None, [f"model.path={TINY}", "model.device=cuda", f"model.dtype={dtype}"])
+    pol = Policy.from_pretrained(cfg.model)
+    assert pol.device.type == "cuda"
+    img = tmp_path / "i.png"
+    Image.new("RGB", (84, 56), (200, 30, 30)).save(img)
+    s = Sample(
+        "q", [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "colour?"}]}], [img]
+    )
+    prompts = [pol.encode(s)] * 2
+    torch.manual_seed(0)
+    groups = ENGINES.get("hf")(pol, batch_size=2).generate(prompts, SamplingParams(2, 1.0, 1.0, 0, 12))
+    comps = [c for g in groups for c in g]
+    with torch.no_grad():
+        logp, _, mask = pol.logprobs([prompts[0]] * len(comps), [c.token_ids for c in comps])
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    for i, c in enumerate(comps):
+        got = logp[i, : len(c.token_ids)].cpu()
+        assert torch.allclose(got, torch.tensor(c.logprobs), atol=tol), (
+            i,
+            (got - torch.tensor(c.logprobs)).abs().max(),
+        )
+
+
+def _strip(rows):
+    return [
+        {k: v for k, v in r.items() if not k.startswith(("time/", "sys/")) and k not in WALL_CLOCK}
+        for r in rows
+    ]
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_one_gpu_run_under_torchrun_on_nccl_resumes_exactly(fsdp, tmp_path):
+    cfg = shapes_run_config(tmp_path, micro_batch_size=8)
+    extra = ["model.device=auto", f"train.fsdp={str(fsdp).lower()}"]
+    run = ["-m", "mmrl", "train", str(cfg), "--output-dir"]
+    torchrun(1, *run, str(tmp_path / "full"), "--max-steps", "4", *extra, cwd=tmp_path)
+    torchrun(1, *run, str(tmp_path / "split"), "--max-steps", "2", *extra, cwd=tmp_path)
+    torchrun(1, *run, str(tmp_path / "split"), "--max-steps", "4", "--resume", *extra, cwd=tmp_path)
+    full = _strip(read_metrics(tmp_path / "full" / "metrics.jsonl"))
+    split = _strip(read_metrics(tmp_path / "split" / "metrics.jsonl"))
+    assert [r["step"] for r in full] == [0, 1, 2, 3, 4]
+    assert full == split
+    config = json.loads((tmp_path / "full" / "config.json").read_text())
+    assert config["model"]["device"].startswith("cuda")
+    ck = tmp_path / "full" / "checkpoints" / "step-4"
+    assert (ck / "optimizer").is_dir() if fsdp else (ck / "optimizer.pt").is_file()
+
+
+NCCL_WORKER = r"""
+import json, torch
+from mmrl.distributed import Dist
+
+d = Dist()
+assert torch.distributed.get_backend() == "nccl", torch.distributed.get_backend()
+summed = d.sum({"a": 1.5})
+gathered = d.gather({"rank": d.rank})
+t = torch.full((3,), 7.0, device=d.device)
+d.broadcast([t])
+h = torch.full((2,), 3.0)
+d.broadcast([h])
+d.barrier()
+print("RESULT " + json.dumps({"sum": summed, "gathered": gathered, "t": t.tolist(), "h": h.tolist(),
+                              "host_group": d.host_group is not None, "device": str(d.device)}), flush=True)
+"""
+
+
+def test_dist_collectives_on_nccl(tmp_path):
+    worker = tmp_path / "w.py"
+    worker.write_text(NCCL_WORKER)
+    r = torchrun(1, str(worker), cwd=tmp_path)
+    res = json.loads(
+        next(x for x in r.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT ")
+    )
+    assert res == {
+        "sum": {"a": 1.5},
+        "gathered": [{"rank": 0}],
+        "t": [7.0] * 3,
+        "h": [3.0] * 2,
+        "host_group": True,
+        "device": "cuda:0",
+    }, res

@@ -1,0 +1,268 @@
+"""``mmrl plan`` (mmrl/plan.py): the arithmetic on hand-counted shapes, the command line, the pre-flight refusal of a
+run that cannot fit, every shipped GPU recipe against its stated hardware, and the model's agreement with torch's
+own accounting of a real training step (benchmarks/plan_accuracy.py)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmrl import cli, memory, plan
+from mmrl.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "assets/tiny-qwen2.5-vl"
+GIB = memory.GIB
+GPU_RECIPES = sorted((ROOT / "recipes").glob("*/gpu*.yaml"))
+# what the recipe-level plan needs that a config does not say (its data is built only when it first runs)
+RECIPE_OPTIONS = {
+    "video/gpu.yaml": (["model.path=Qwen/Qwen2.5-VL-7B-Instruct"], plan.PlanOptions(images=0, videos=1)),
+    # stage 2 starts from stage 1's checkpoint of the 3B, which does not exist before stage 1 has run
+    "pathology/gpu-dapo.yaml": (["model.path=Qwen/Qwen2.5-VL-3B-Instruct"], plan.PlanOptions()),
+}
+
+
+def _tiny(overrides=()):
+    return load_config(ROOT / "recipes/shapes/tiny.yaml", [f"model.path={TINY}", *overrides])
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("plan_accuracy", ROOT / "benchmarks" / "plan_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["plan_accuracy"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------------------------------- shapes
+def test_tiny_model_parameters_counted_by_hand():
+    """assets/tiny-qwen2.5-vl: text h=128, MLP 256, 4 heads / 2 KV heads (head dim 32), 2 layers, vocabulary 3,018,
+    tied head; vision 2 blocks of 64 (MLP 128), patch 14, temporal 2, merger 4 x 64 -> 128."""
+    h, m, kv = 128, 256, 64
+    layer = (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * m + 2 * h  # q, k, v (biased), o, MLP, 2 norms
+    text = 3018 * h + 2 * layer + h  # embedding (tied head), layers, final norm
+    hv, mv = 64, 128
+    block = (hv * 3 * hv + 3 * hv) + (hv * hv + hv) + 2 * (hv * mv + mv) + (mv * hv + hv) + 2 * hv
+    merger = hv + (4 * hv) * (4 * hv) + 4 * hv + (4 * hv) * h + h
+    vision = 3 * 2 * 14 * 14 * hv + 2 * block + merger
+    s = memory.model_shapes(str(ROOT / TINY))
+    assert (s.params, s.vision_params, s.embed_params, s.head_params) == (text + vision, vision, 3018 * h, 0)
+    assert (s.text.block_params, s.vision.block_params) == (layer, block)
+    assert (s.text.hidden, s.text.mlp, s.text.heads, s.text.kv_heads, s.text.layers) == (128, 256, 4, 2, 2)
+    assert s.pixels_per_token == 28 * 28
+
+
+def test_shipped_configs_are_the_published_architectures():
+    """assets/configs/ holds Qwen2.5-VL-3B/7B-Instruct's config.json: 3,754,622,976 and 8,292,166,656 parameters,
+    and benchmarks/gpu_step.py builds its 3B from the same file."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    s3 = memory.model_shapes(str(memory.config_folder("Qwen/Qwen2.5-VL-3B-Instruct")))
+    s7 = memory.model_shapes(str(memory.config_folder("Qwen/Qwen2.5-VL-7B-Instruct")))
+    assert (s3.params, s3.vision_params, s3.head_params) == (3_754_622_976, 668_684_288, 0)  # tied
+    assert (s7.params, s7.head_params) == (8_292_166_656, 152064 * 3584)  # untied head
+    assert (s3.text.layers, s3.text.hidden, s3.text.mlp, s3.text.heads, s3.text.kv_heads) == (
+        36,
+        2048,
+        11008,
+        16,
+        2,
+    )
+    assert (s7.text.layers, s7.text.hidden, s7.text.mlp, s7.text.heads, s7.text.kv_heads) == (
+        28,
+        3584,
+        18944,
+        28,
+        4,
+    )
+    assert (s3.vision.layers, s3.vision.hidden, s3.vision.mlp, s3.patch, s3.merge) == (32, 1280, 3420, 14, 2)
+    spec = importlib.util.spec_from_file_location("gpu_step", ROOT / "benchmarks" / "gpu_step.py")
+    gpu_step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_step)
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration(gpu_step.make_config("3b"))
+    assert sum(p.numel() for p in model.parameters()) == 3_754_622_976
+
+
+def test_a_hub_id_plans_only_from_a_local_config(tmp_path, capsys):
+    with pytest.raises(plan.ConfigNotLocal, match="--model-config DIR"):
+        plan.plan_run(_tiny(["model.path=someone/Unknown-VL-9B"]))
+    folder = str(ROOT / "assets/configs/Qwen2.5-VL-3B-Instruct")
+    p = plan.plan_run(_tiny(["model.path=someone/Unknown-VL-9B"]), plan.PlanOptions(model_config=folder))
+    assert p.setup.shapes.params == 3_754_622_976
+    assert cli.main(["plan", str(ROOT / "recipes/shapes/tiny.yaml"), "model.path=someone/Unknown-VL-9B"]) == 2
+    assert "--model-config" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------- arithmetic
+def test_components_by_stage_by_hand():
+    """Tiny model, bf16 over fp32 masters, KL (a reference copy), vLLM at 0.5 of an 80 GiB GPU with sleep mode."""
+    cfg = _tiny(
+        [
+            "model.dtype=bfloat16",
+            "algo.kl_coef=0.01",
+            "rollout.engine=vllm",
+            "rollout.engine_options={gpu_memory_utilization: 0.5, sleep_mode: true}",
+        ]
+    )
+    p = plan.plan_run(cfg, plan.PlanOptions(gpu_memory_gib=80))
+    P, r = 939_712, p.rows
+    every = dict.fromkeys(plan.STAGES)
+    assert r["policy weights (fp32)"] == dict.fromkeys(every, 4.0 * P)
+    assert r["gradients (fp32)"] == {"rollout": 0, "log-probs": 0, "update": 4.0 * P, "weight sync": 0}
+    assert r["AdamW state (2 x fp32)"] == dict.fromkeys(every, 8.0 * P)
+    assert r["reference model"] == dict.fromkeys(every, 2.0 * P)  # frozen copy in bf16
+    assert r["vLLM weights"] == {"rollout": 2.0 * P, "log-probs": 0, "update": 0, "weight sync": 2.0 * P}
+    assert r["vLLM KV cache and workspace"]["rollout"] == pytest.approx(0.5 * 80 * GIB - 2.0 * P)
+    assert r["vLLM asleep"] == {
+        "rollout": 0,
+        "log-probs": plan.VLLM_ASLEEP,
+        "update": plan.VLLM_ASLEEP,
+        "weight sync": 0,
+    }
+    assert r["activations"]["update"] >= 4.0 * P  # at least the AdamW step's foreach copy
+    # the KV cache: 2 (k, v) x 2 layers x 2 KV heads x 32 dims x 2 bytes per token
+    assert plan.engine(p.setup).kv_tokens == int(
+        (0.5 * 80 * GIB - 2 * P - plan.VLLM_WORKSPACE) // (2 * 2 * 2 * 32 * 2)
+    )
+
+
+def test_sharding_lora_and_activations_by_hand():
+    base = [
+        "model.dtype=bfloat16",
+        "model.max_pixels=12544",
+        "rollout.max_new_tokens=64",
+        "optim.micro_batch_size=4",
+    ]
+    P = 939_712
+    fsdp = plan.plan_run(_tiny([*base, "train.fsdp=true"]), plan.PlanOptions(gpus=4))
+    assert fsdp.setup.fsdp and fsdp.setup.mode == "bf16"
+    assert fsdp.rows["policy weights (fp32)"]["update"] == 4.0 * P / 4
+    assert fsdp.rows["AdamW state (2 x fp32)"]["rollout"] == 8.0 * P / 4
+    ddp = plan.plan_run(_tiny(base), plan.PlanOptions(gpus=4))  # DDP's buckets hold the gradients throughout
+    assert ddp.setup.ddp and ddp.rows["gradients (fp32)"]["rollout"] == 4.0 * P
+    lora = memory.setup(_tiny([*base, "model.lora.r=8"]))
+    # r (in + out) per adapted projection: q 128+128, k 128+64, v 128+64, o 128+128, gate/up 128+256, down 256+128
+    assert lora.adapters == lora.trainable == 2 * 8 * (256 + 192 + 192 + 256 + 384 + 384 + 384)
+    assert not lora.ref_copy and not lora.vision_trainable
+    s = memory.setup(_tiny(base), plan.PlanOptions(text_tokens=100, images=1))
+    assert (s.seq.visual_tokens, s.seq.patches, s.seq.total) == (16, 64, 100 + 16 + 64)
+    # a decoder layer keeps 34 h + 8 m + 4 heads + 8 bytes per token (bf16 autocast over fp32), plus a 2 S bias
+    assert memory.block_keep(s, "text") == 34 * 128 + 8 * 256 + 4 * 4 + 8 + 2 * 180
+    assert memory.block_keep(s, "vision") == 34 * 64 + 8 * 128 + 4 * 4 + 8
+    # with checkpointing a layer keeps its fp32 input only: the text part of the forward grows by 4 h per token
+    off = memory.update_activations(
+        memory.setup(_tiny([*base, "model.gradient_checkpointing=false"]), s_opts(s))
+    )
+    on = memory.update_activations(
+        memory.setup(_tiny([*base, "model.gradient_checkpointing=true"]), s_opts(s))
+    )
+    assert on["peak"] < off["peak"]
+    assert s.micro == 4 and memory.weight_copies(s) == 2.0 * (
+        295_424 + 257_024
+    )  # every trainable matmul weight
+
+
+def s_opts(s):
+    return plan.PlanOptions(text_tokens=s.seq.text_tokens, images=s.seq.images)
+
+
+# ------------------------------------------------------------------------------------------- command line
+def test_cli_plan_fits_and_misfit_with_advice(capsys):
+    recipe = str(ROOT / "recipes/table2latex/gpu.yaml")
+    assert cli.main(["plan", recipe]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: fits" in out and "hardware: 1 node(s) x 2 GPU(s) of 79 GiB (H100 80GB)" in out
+    for stage in plan.STAGES:
+        assert stage in out
+    assert cli.main(["plan", recipe, "--gpus", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "verdict: does not fit" in out
+    advice = out.split("cheapest change that fits: ")[1].splitlines()[0]
+    assert "none found" not in advice
+    overrides = [a for a in advice.split(" (")[0].split() if "=" in a]
+    gpus = int(advice.split("--gpus ")[1].split()[0]) if "--gpus" in advice else 1
+    again = plan.plan_run(load_config(recipe, overrides), plan.PlanOptions(gpus=gpus))
+    assert again.fits  # the advice was computed by planning it, not guessed
+
+
+def test_preflight_refuses_a_run_that_cannot_fit_and_force_overrides(tmp_path, monkeypatch, capsys):
+    """7B full fine-tuning without FSDP on one 24 GiB GPU: refused before any model loads, with the advice;
+    --force starts it. "Would use CUDA" is simulated (there is no GPU here)."""
+    import mmrl.trainer
+    from mmrl.rundir import RunFinished
+
+    started = []
+
+    class Trainer:  # stands for the real one: records that it was reached, then ends the command
+        def __init__(self, cfg, *args, **kwargs):
+            started.append(cfg)
+            raise RunFinished("stub")
+
+    monkeypatch.setattr(mmrl.trainer, "Trainer", Trainer)
+    monkeypatch.setattr(plan, "would_use_cuda", lambda cfg: True)
+    argv = ["train", str(ROOT / "recipes/shapes/tiny.yaml"), "--output-dir", str(tmp_path / "run")]
+    argv += ["model.path=Qwen/Qwen2.5-VL-7B-Instruct", "model.dtype=bfloat16", "hardware.gpu_memory_gib=24"]
+    assert cli.main(argv) == 2 and not started
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "does not fit" in err and "> 24 GiB per GPU" in err and "cheapest change that fits: " in err
+    assert "--force" in err
+    assert cli.main([*argv, "--force"]) == 0 and len(started) == 1
+
+
+def test_cpu_runs_are_not_planned(monkeypatch):
+    monkeypatch.setattr(plan, "plan_run", lambda *a, **k: pytest.fail("a CPU run was planned"))
+    assert plan.preflight(_tiny(["model.device=cpu"])) is None
+    assert not plan.would_use_cuda(_tiny(["model.device=cpu"]))
+    assert plan.would_use_cuda(_tiny(["model.device=cuda:1"]))
+
+
+# ------------------------------------------------------------------------------------------- recipes
+@pytest.mark.parametrize("path", GPU_RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_gpu_recipe_fits_its_stated_hardware(path):
+    overrides, opts = RECIPE_OPTIONS.get(f"{path.parent.name}/{path.name}", ([], plan.PlanOptions()))
+    cfg = load_config(path, overrides)
+    hw = cfg.hardware
+    assert hw.name and hw.gpu_memory_gib, f"{path}: state the hardware it is written for (hardware: section)"
+    p = plan.plan_run(cfg, opts)
+    assert p.setup.hw.source == "the config's hardware section"
+    assert p.fits, plan.format_plan(p, str(path))
+    if hw.gpus_per_node * hw.nodes > 1:  # several processes: the recipe shards (DDP would replicate it all)
+        assert cfg.train.fsdp and cfg.train.prompts_per_step % (hw.gpus_per_node * hw.nodes) == 0
+
+
+def test_unknown_or_bad_hardware_is_an_error():
+    with pytest.raises(ConfigError, match="unknown config key 'hardware.gpus'"):
+        load_config(ROOT / "recipes/shapes/tiny.yaml", ["hardware.gpus=2"])
+    with pytest.raises(ConfigError, match="must be positive"):
+        plan.plan_run(_tiny(), plan.PlanOptions(gpu_memory_gib=-1))
+
+
+# ------------------------------------------------------------------------------------------- accuracy
+def test_fake_tensor_accounting_equals_real_tensors_on_the_tiny_model():
+    """The benchmark's measurement (fake tensors) gives byte-identical components to the same step on real tensors,
+    whose peak torch.profiler's memory timeline confirms within 10%."""
+    import argparse
+
+    bench = _benchmark()
+    args = argparse.Namespace(arch="tiny", micro_batch=2, tokens=16, max_pixels=12544, lora=0)
+    rows, tracked, profiled = bench.real_vs_fake(args, True)
+    assert all(f == r for _, f, r in rows), rows
+    assert abs(profiled - tracked) <= 0.1 * profiled
+
+
+@pytest.mark.slow(
+    reason="builds the 3B architecture under FakeTensorMode and runs two micro-batches: ~1-2 min"
+)
+def test_plan_agrees_with_torchs_accounting_of_a_3b_training_step():
+    """benchmarks/plan_accuracy.py on the real Qwen2.5-VL-3B architecture, micro-batch 1, one 448 x 448 image and 64
+    response tokens, gradient checkpointing: every component within 15% of what torch allocates."""
+    import argparse
+
+    bench = _benchmark()
+    args = argparse.Namespace(arch="3b", micro_batch=1, tokens=64, max_pixels=200704, lora=0)
+    for name, planned, measured in bench.compare(args, True):
+        assert 1 / 1.15 <= planned / measured <= 1.15, (name, planned / GIB, measured / GIB)
