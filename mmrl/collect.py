@@ -50,6 +50,7 @@ def reward_inputs(
         **sample.metadata,
         "image_sizes": prompt.image_sizes,
         "model_image_sizes": prompt.model_image_sizes,
+        "coordinate_frame": prompt.coordinate_frame,
     }
     return [
         RewardInput(

@@ -56,6 +56,12 @@ class ModelConfig:
     gradient_checkpointing: bool = opt("recompute activations in the backward pass to save memory", False)
     min_pixels: int = opt("smallest image size in pixels after smart_resize", 4 * 28 * 28)
     max_pixels: int = opt("largest image size in pixels after smart_resize", 256 * 28 * 28)
+    coordinate_frame: Literal["model_pixels", "relative_1000", "original_pixels"] | None = opt(
+        "frame the model writes points and boxes in, for grounding rewards and scorers: model_pixels (the resized "
+        "image), relative_1000 (0-1000 of width and height) or original_pixels; None = the family's own "
+        "(mmrl.families.COORDINATE_FRAMES)",
+        None,
+    )
     video_max_pixels: int = opt("largest video frame size in pixels", 64 * 28 * 28)
     video_min_pixels: int = opt(
         "smallest video frame size in pixels (qwen-vl-utils' default; lower it for tiny frames)",

@@ -21,22 +21,52 @@ Image geometry comes from the checkpoint's own image (and video) processor confi
   dynamic tiles) are refused with a clear error when their tiling is switched on: one resized view is not the layout
   those models were trained on.
 
-Every number used here is in the processor config, so there is no per-family table yet; what no config says (such
-as the coordinate frame a family answers in) belongs in one here, keyed by ``model_type``, when it is needed.
+Every geometry number used here is in the processor config. What no config says is in a small table keyed by the
+checkpoint's ``model_type``: the **coordinate frame** a family writes points and boxes in (:data:`COORDINATE_FRAMES`),
+which grounding rewards and scorers map to original-image pixels with :func:`frame_to_original`:
+
+* ``model_pixels``: absolute pixels of the resized image the model saw (Qwen2.5-VL: its technical report grounds in
+  the input image's actual pixel coordinates rather than relative ones);
+* ``relative_1000``: 0-1000 of the image's width and height, the same fraction of the original as of the model-input
+  image since the resize is a per-axis stretch (Qwen2-VL's ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>`` in
+  [0, 1000); Qwen3-VL and Qwen3.5: relative coordinates on a 0-1000 scale, per their model cards and cookbooks);
+* ``original_pixels``: pixels of the original image (a data set whose prompts say so; only by override).
+
+Gemma 3's release (model card and technical report) documents no grounding output format, so Gemma 3 and every
+family missing from the table take ``model_pixels``: an assumption, which ``model.coordinate_frame`` overrides.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import json
+from dataclasses import asdict, dataclass, is_dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
 
 from PIL import Image
 
-from mmrl.processors.geometry import smart_resize
+from mmrl.processors.geometry import model_to_original, original_to_model, smart_resize
 from mmrl.processors.image import ImageGeometry, prepare_image
 
 # processor attributes that switch on multi-view tiling, which mmrl does not reproduce (see the module docstring)
 TILING_ATTRS = ("do_pan_and_scan", "do_image_splitting", "image_grid_pinpoints", "crop_to_patches")
+
+
+CoordinateFrame = Literal["model_pixels", "relative_1000", "original_pixels"]
+FRAMES: tuple[str, ...] = ("model_pixels", "relative_1000", "original_pixels")
+RELATIVE_SCALE = 1000.0
+# families missing from the table below take this frame (an assumption; see the module docstring)
+DEFAULT_FRAME = "model_pixels"
+# the frame each family's release answers in, by the checkpoint's config.json ``model_type`` (no config says it)
+COORDINATE_FRAMES: dict[str, str] = {
+    "qwen2_vl": "relative_1000",
+    "qwen2_5_vl": "model_pixels",
+    "qwen3_vl": "relative_1000",
+    "qwen3_vl_moe": "relative_1000",
+    "qwen3_5": "relative_1000",
+    "qwen3_5_moe": "relative_1000",
+}
 
 
 class UnsupportedGeometry(ValueError):
@@ -148,3 +178,130 @@ def _video(vp: Any) -> tuple[int | None, int | None]:
     if not (patch and merge):
         return None, None
     return patch * merge, _int_attr(vp, "temporal_patch_size") or 1
+
+
+def coordinate_frame(model_type: str | None, override: str | None = None) -> str:
+    """The frame a checkpoint of ``model_type`` answers in: ``override`` (``model.coordinate_frame``) when given,
+    else :data:`COORDINATE_FRAMES`, else :data:`DEFAULT_FRAME`."""
+    if override is not None:
+        if override not in FRAMES:
+            raise ValueError(f"coordinate frame must be one of {', '.join(FRAMES)}, got {override!r}")
+        return override
+    return COORDINATE_FRAMES.get(model_type or "", DEFAULT_FRAME)
+
+
+def frame_to_original(
+    x: float, y: float, frame: str, original_size: tuple[int, int], model_size: tuple[int, int]
+) -> tuple[float, float]:
+    """A point in ``frame`` as original-image pixels; sizes are ``(width, height)`` (``model_size`` is what the
+    model saw, used by ``model_pixels`` only)."""
+    if frame == "model_pixels":
+        return model_to_original(x, y, original_size, model_size)
+    if frame == "relative_1000":
+        return x * original_size[0] / RELATIVE_SCALE, y * original_size[1] / RELATIVE_SCALE
+    if frame == "original_pixels":
+        return float(x), float(y)
+    raise ValueError(f"unknown coordinate frame {frame!r} (one of {', '.join(FRAMES)})")
+
+
+def original_to_frame(
+    x: float, y: float, frame: str, original_size: tuple[int, int], model_size: tuple[int, int]
+) -> tuple[float, float]:
+    """The inverse of :func:`frame_to_original`: original-image pixels as a point in ``frame``."""
+    if frame == "model_pixels":
+        return original_to_model(x, y, original_size, model_size)
+    if frame == "relative_1000":
+        return x * RELATIVE_SCALE / original_size[0], y * RELATIVE_SCALE / original_size[1]
+    if frame == "original_pixels":
+        return float(x), float(y)
+    raise ValueError(f"unknown coordinate frame {frame!r} (one of {', '.join(FRAMES)})")
+
+
+def _checkpoint_file(path: str, name: str) -> Path | None:
+    """``name`` in the checkpoint at ``path``: a local folder, else a hub id's copy in the local HF cache (never the
+    network); None when it is in neither."""
+    from mmrl.policy import resolve_model_path
+
+    folder = Path(resolve_model_path(path))
+    if folder.is_dir():
+        return folder / name if (folder / name).is_file() else None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(path, name)
+    except ValueError:  # not a hub id either
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def checkpoint_model_type(path: str) -> str | None:
+    """``model_type`` in the checkpoint's config.json (:func:`_checkpoint_file`); None when it is not there."""
+    cfg = _checkpoint_file(path, "config.json")
+    return json.loads(cfg.read_text()).get("model_type") if cfg is not None else None
+
+
+@lru_cache(maxsize=8)
+def checkpoint_geometry(path: str) -> VisionGeometry | None:
+    """:class:`VisionGeometry` of the checkpoint's processor (a local folder or the HF cache), for code that knows
+    the model's path but holds no :class:`~mmrl.policy.Policy` (scorers, reports, data builders); None when no
+    processor config is there."""
+    found = _checkpoint_file(path, "preprocessor_config.json") or _checkpoint_file(
+        path, "processor_config.json"
+    )
+    if found is None:
+        return None
+    from transformers import AutoProcessor
+
+    return vision_geometry(AutoProcessor.from_pretrained(found.parent, local_files_only=True))
+
+
+class ModelView(NamedTuple):
+    """How a run's model saw an image and writes points in it, rebuilt from the run's model settings, for code that
+    holds only the original image (report overlays, scorers, SFT data builders; rollouts.jsonl keeps no sizes).
+
+    ``geometry`` None means no model is known (no checkpoint folder at the path: a prediction file scored on another
+    machine, a data builder told only a pixel budget): the 28 px grid of Qwen2/2.5-VL is then assumed, with the
+    ``model_pixels`` frame. A bare ``(min_pixels, max_pixels)`` tuple is such a view (:meth:`of`)."""
+
+    min_pixels: int
+    max_pixels: int
+    geometry: VisionGeometry | None = None
+    frame: str = DEFAULT_FRAME
+
+    @classmethod
+    def of(cls, view: ModelView | tuple[int, int]) -> ModelView:
+        return view if isinstance(view, ModelView) else cls(int(view[0]), int(view[1]))
+
+    @classmethod
+    def of_model(cls, model: Any) -> ModelView:
+        """From a :class:`~mmrl.config.ModelConfig` or its dict (a run's saved config; missing keys take the
+        defaults): the checkpoint at ``path`` gives the geometry and the family's frame."""
+        from mmrl.config import ModelConfig
+
+        given = asdict(model) if is_dataclass(model) else dict(model or {})
+        m = {
+            **asdict(ModelConfig()),
+            **{k: v for k, v in given.items() if v is not None or k == "coordinate_frame"},
+        }
+        path = str(m["path"])
+        frame = coordinate_frame(checkpoint_model_type(path), m.get("coordinate_frame"))
+        return cls(int(m["min_pixels"]), int(m["max_pixels"]), checkpoint_geometry(path), frame)
+
+    def model_size(self, width: int, height: int) -> tuple[int, int]:
+        """``(width, height)`` the model sees for a ``width x height`` image under this budget."""
+        if self.geometry is None:  # no model known: Qwen2/2.5-VL's 28 px grid
+            h, w = smart_resize(height, width, min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+            return w, h
+        return self.geometry.model_size(width, height, min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+
+    def metadata(self, width: int, height: int) -> dict[str, Any]:
+        """What the collector gives a reward about a ``width x height`` first image (sizes and frame)."""
+        return {
+            "image_sizes": [[width, height]],
+            "model_image_sizes": [list(self.model_size(width, height))],
+            "coordinate_frame": self.frame,
+        }
+
+    def to_frame(self, x: float, y: float, width: int, height: int) -> tuple[float, float]:
+        """Original pixels of a ``width x height`` image as a point in the model's frame."""
+        return original_to_frame(x, y, self.frame, (width, height), self.model_size(width, height))

@@ -112,6 +112,7 @@ class EncodedPrompt:
     images: list[Any] = field(default_factory=list)  # PIL images, model size
     videos: list[Any] = field(default_factory=list)  # [frames, H, W, 3] uint8 arrays, model size
     video_fps: list[float] = field(default_factory=list)
+    coordinate_frame: str = "model_pixels"  # the frame points are written in (mmrl.families.coordinate_frame)
 
 
 def resolve_model_path(path: str) -> str:
@@ -301,6 +302,14 @@ class Policy:
 
         return vision_geometry(self.processor)
 
+    @cached_property
+    def coordinate_frame(self) -> str:
+        """The frame this checkpoint writes points and boxes in: ``model.coordinate_frame``, else its family's
+        (:func:`mmrl.families.coordinate_frame`)."""
+        from mmrl.families import coordinate_frame
+
+        return coordinate_frame(getattr(self.model.config, "model_type", None), self.cfg.coordinate_frame)
+
     def encode(self, sample: Sample, extra_messages: list[dict[str, Any]] | None = None) -> EncodedPrompt:
         """Tokenise a sample's chat (plus a generation prompt) with its images and videos, resized to the
         checkpoint's geometry (:attr:`geometry`) here, so the processor (told not to resize) sees model-size pixels."""
@@ -368,7 +377,17 @@ class Policy:
         seq = {k: v[0] for k, v in rest.items() if v.dim() == 2 and v.shape[0] == 1 and v.shape[1] == L}
         mm = {k: v for k, v in rest.items() if k not in seq}
         return EncodedPrompt(
-            sample.id, out["input_ids"][0], mm, seq, sizes, model_sizes, text, images, videos, video_meta
+            sample.id,
+            out["input_ids"][0],
+            mm,
+            seq,
+            sizes,
+            model_sizes,
+            text,
+            images,
+            videos,
+            video_meta,
+            self.coordinate_frame,
         )
 
     # ---------------------------------------------------------------- batching

@@ -9,14 +9,13 @@ last line (a row being appended) is left out, and files are replaced atomically 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmrl.config import ModelConfig
+from mmrl.families import ModelView
 
 GALLERY_STEPS = 4  # logged steps shown in the HTML gallery (each logs a few groups)
 _NOT_PARTS = {"reward/mean", "reward/std", "reward/errors"}
@@ -152,13 +151,9 @@ def _curves(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     return made
 
 
-def _pixels(config: dict[str, Any]) -> tuple[int, int]:
-    """The run's image budget (``model.min_pixels``/``max_pixels``), with ModelConfig's defaults."""
-    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    model = config.get("model") or {}
-    return int(model.get("min_pixels", defaults["min_pixels"])), int(
-        model.get("max_pixels", defaults["max_pixels"])
-    )
+def _model_view(config: dict[str, Any]) -> ModelView:
+    """How the run's model saw images (its checkpoint's geometry and frame under its image budget)."""
+    return ModelView.of_model(config.get("model") or {})
 
 
 def _summary(out: Path, train: list[dict[str, Any]], evals: list[dict[str, Any]]) -> dict[str, Any]:
@@ -203,7 +198,7 @@ def write_report(output_dir: str | Path, gallery_steps: int = GALLERY_STEPS) -> 
     config = json.loads(config_path.read_text()) if config_path.exists() else {}
     rollouts = read_jsonl(out / "rollouts.jsonl")
     names = [str(x.get("name")) for x in config.get("rewards") or [] if isinstance(x, dict)]
-    groups = gallery(rollouts, out, _pixels(config), gallery_steps, names if config else None)
+    groups = gallery(rollouts, out, _model_view(config), gallery_steps, names if config else None)
     rel = [Path(p).relative_to(out).as_posix() for p in [summary["plot"], *summary["plots"]]]
     table = [(k, _fmt(v)) for k, v in summary.items() if k not in ("plot", "plots")]
     table += [("rewards", ", ".join(str(r.get("name")) for r in config.get("rewards") or []) or "?")]

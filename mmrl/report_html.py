@@ -12,10 +12,11 @@ What the reward saw:
 - rewards that judge a place in the image have an overlay (``OVERLAYS``, by reward name, for the rewards the run
   used): ``gui_action`` draws the predicted click on the screenshot with the target box, ``pathology`` the predicted
   region over the tissue with the target region; each parses and maps coordinates with its reward's own functions,
-  and the model-input size is recomputed with the policy's ``smart_resize`` from the run's
-  ``model.min_pixels``/``max_pixels``, since rollouts.jsonl keeps no sizes. A new reward adds its overlay with one
-  line here: ``"name": "module:function"``, the function taking ``(image, row, response, pixels)`` (``row``: the
-  group's rollouts.jsonl row, with ``answer``, ``id`` and ``metadata``) and returning ``(image, caption)`` or None;
+  and the model-input size and coordinate frame are rebuilt from the run's ``model`` settings (its checkpoint's
+  geometry and family frame, :class:`mmrl.families.ModelView`), since rollouts.jsonl keeps no sizes. A new reward
+  adds its overlay with one line here: ``"name": "module:function"``, the function taking ``(image, row, response,
+  view)`` (``row``: the group's rollouts.jsonl row, with ``answer``, ``id`` and ``metadata``; ``view``: the
+  :class:`~mmrl.families.ModelView`) and returning ``(image, caption)`` or None;
 - videos are shown as key frames (``KEY_FRAMES`` of them, evenly spaced, read by the project's video processor).
 """
 
@@ -34,7 +35,7 @@ import jinja2
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mmrl.processors.geometry import smart_resize
+from mmrl.families import ModelView
 from mmrl.rewards.gui import POINTING_ACTIONS, parse_action, parse_reference, to_original
 from mmrl.rewards.latex_table import render_stem
 
@@ -125,7 +126,7 @@ def _renders(out: Path, step: int, b: int, j: int, sample_id: str, view: Respons
 
 
 def gui_overlay(
-    screen: Image.Image, row: dict[str, Any], text: str, pixels: tuple[int, int]
+    screen: Image.Image, row: dict[str, Any], text: str, view: ModelView | tuple[int, int]
 ) -> tuple[Image.Image, str] | None:
     """The screenshot with the target (green) and the predicted click mapped to original pixels (red); None when
     the answer is not a GUI action."""
@@ -137,8 +138,9 @@ def gui_overlay(
     except (ValueError, TypeError):
         return None
     w, h = screen.size
-    mh, mw = smart_resize(h, w, min_pixels=pixels[0], max_pixels=pixels[1])
-    mapper = to_original({"image_sizes": [[w, h]], "model_image_sizes": [[mw, mh]]})
+    model = ModelView.of(view)
+    meta = model.metadata(w, h)
+    mapper = to_original(meta)
     thumb, s = _thumbnail(screen)
     draw = ImageDraw.Draw(thumb)
     if target.box is not None:
@@ -159,8 +161,10 @@ def gui_overlay(
     draw.line([px, py - 9, px, py + 9], fill=(220, 0, 0), width=3)
     draw.ellipse([px - 6, py - 6, px + 6, py + 6], outline=(220, 0, 0), width=2)
     off = "" if 0 <= ox <= w and 0 <= oy <= h else " (off screen)"
+    mw, mh = meta["model_image_sizes"][0]
+    where = f"{mw}x{mh} model input" if model.frame == "model_pixels" else f"{model.frame} frame"
     caption += (
-        f"; click ({pred.point[0]:g}, {pred.point[1]:g}) in the {mw}x{mh} model input -> "
+        f"; click ({pred.point[0]:g}, {pred.point[1]:g}) in the {where} -> "
         f"({ox:.0f}, {oy:.0f}) in the {w}x{h} screenshot{off}"
     )
     return thumb, caption
@@ -201,7 +205,7 @@ def _number(v: Any) -> float | None:
 
 
 def group_view(
-    row: dict[str, Any], position: int, out: Path, pixels: tuple[int, int], draw: list[Overlay] | None = None
+    row: dict[str, Any], position: int, out: Path, model: ModelView, draw: list[Overlay] | None = None
 ) -> GroupView:
     """One logged group: its inputs, every response with its reward and parts, and what the reward saw (``draw``:
     the overlays of the run's rewards, see :func:`overlays`)."""
@@ -225,7 +229,7 @@ def group_view(
         )
         _renders(out, step, position, j, sid, view)
         for fn in (draw or []) if screen is not None else []:
-            shown = fn(screen, row, text, pixels)
+            shown = fn(screen, row, text, model)
             if shown is not None:
                 view.overlay, view.overlay_caption = data_uri(_thumbnail(shown[0])[0]), shown[1]
                 break
@@ -246,12 +250,12 @@ def group_view(
 def gallery(
     rollouts: list[dict[str, Any]],
     out: Path,
-    pixels: tuple[int, int],
+    model: ModelView,
     max_steps: int,
     reward_names: list[str] | None = None,
 ) -> list[GroupView]:
     """The groups of the ``max_steps`` latest logged steps, latest first, in the order each step logged them;
-    ``pixels`` is the run's ``(model.min_pixels, model.max_pixels)``; ``reward_names`` the run's rewards (their
+    ``model`` is how the run's model saw images (:meth:`ModelView.of_model` of its ``model`` settings); ``reward_names`` the run's rewards (their
     overlays are drawn; None: the GUI one, whose references say whether they apply)."""
     draw = overlays(reward_names if reward_names is not None else ["gui_action"])
     by_step: dict[int, list[dict[str, Any]]] = {}
@@ -259,7 +263,7 @@ def gallery(
         by_step.setdefault(int(row.get("step", 0)), []).append(row)
     views = []
     for step in sorted(by_step, reverse=True)[:max_steps]:
-        views += [group_view(row, b, out, pixels, draw) for b, row in enumerate(by_step[step])]
+        views += [group_view(row, b, out, model, draw) for b, row in enumerate(by_step[step])]
     return views
 
 

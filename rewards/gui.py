@@ -12,10 +12,12 @@ Reference (``RewardInput.reference``, a dict or its JSON string), in ORIGINAL im
 "bbox": [x1, y1, x2, y2]}`` or ``{"action": ..., "point": [x, y]}``, plus ``"text"`` for text actions. GUI-R1's own
 keys are accepted too: ``gt_bbox`` (2 numbers = point, 4 = box) and ``input_text`` (``"no input text"`` = none).
 
-The model answers in model-input pixels; points are mapped back with :func:`mmrl.processors.geometry.model_to_original`
-using ``metadata["image_sizes"][0]`` (original ``[w, h]``) and ``metadata["model_image_sizes"][0]`` (model ``[w, h]``).
-Without those two the mapping is the identity (a warning is logged once): give them whenever the model saw a
-resized image.
+The model answers in its family's coordinate frame, ``metadata["coordinate_frame"]`` (set by the collector from the
+policy, :mod:`mmrl.families`: ``model_pixels`` for Qwen2.5-VL, ``relative_1000`` for Qwen3-VL and Qwen3.5,
+``original_pixels``; ``model_pixels`` when absent); points are mapped to original pixels with
+:func:`mmrl.families.frame_to_original` using ``metadata["image_sizes"][0]`` (original ``[w, h]``) and
+``metadata["model_image_sizes"][0]`` (model ``[w, h]``). Without those two the mapping is the identity (a warning is
+logged once): give them whenever the model saw a resized image.
 
 Parts (each 0/1): ``type`` (action names equal, case-insensitive); ``coord`` (type matches and, for a pointing
 action with a target, the mapped point is inside the box, edges included, or closer than ``point_radius`` px to the
@@ -43,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mmrl.processors.geometry import model_to_original
+from mmrl.families import DEFAULT_FRAME, frame_to_original
 from mmrl.rewards.base import register_reward
 from mmrl.rewards.text import extract_answer, is_think_answer, token_f1
 from mmrl.types import RewardInput, RewardResult
@@ -56,12 +58,14 @@ _warned_identity = False
 
 
 def to_original(metadata: Mapping[str, Any]) -> Callable[[float, float], tuple[float, float]]:
-    """A point mapper from model-input to original pixels for the sample's first image (identity without sizes)."""
+    """A point mapper from the model's coordinate frame (``metadata["coordinate_frame"]``, model-input pixels when
+    absent) to original pixels for the sample's first image (identity without sizes)."""
     global _warned_identity
     sizes, model_sizes = metadata.get("image_sizes"), metadata.get("model_image_sizes")
-    if sizes and model_sizes:
-        orig, model = tuple(sizes[0]), tuple(model_sizes[0])
-        return lambda x, y: model_to_original(x, y, orig, model)
+    frame = metadata.get("coordinate_frame") or DEFAULT_FRAME
+    if sizes and (model_sizes or frame != "model_pixels"):  # only model_pixels needs the model-input size
+        orig, model = tuple(sizes[0]), tuple(model_sizes[0]) if model_sizes else None
+        return lambda x, y: frame_to_original(x, y, frame, orig, model)
     if not _warned_identity:
         logger.warning(
             "a reward got no metadata['image_sizes'] / metadata['model_image_sizes']: predicted coordinates are "

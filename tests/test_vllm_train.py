@@ -26,7 +26,7 @@ from multiproc import BASE_ENV, WALL_CLOCK, shapes_run_config, torchrun
 from mmrl.checks import check_components
 from mmrl.config import ConfigError, LoraConfig, ModelConfig, load_config
 from mmrl.logging import read_metrics
-from mmrl.policy import Policy
+from mmrl.policy import EncodedPrompt, Policy
 from mmrl.rollout import ENGINES
 from mmrl.rollout import vllm as vllm_engine
 
@@ -191,6 +191,7 @@ def test_a_sleeping_engine_wakes_weights_then_loads_them_then_wakes_its_kv_cache
     engine = object.__new__(ENGINES.get("vllm"))
     engine.policy, engine.llm, engine.dtype = lora_policy, _FakeLLM(calls), torch.bfloat16
     engine.sleep_mode, engine._asleep, engine._warned, engine._tp = True, True, True, None
+    engine._bad_words = None
     engine.sync_weights()
     n = len(lora_policy.merged_state_dict())
     assert calls == [
@@ -204,14 +205,16 @@ def test_a_sleeping_engine_wakes_weights_then_loads_them_then_wakes_its_kv_cache
     ]
     engine._vllm = type("vllm", (), {"SamplingParams": dict})
     calls.clear()
-    engine.generate([], vllm_engine.SamplingParams())  # awake: no wake-up; asleep afterwards
-    engine.generate([], vllm_engine.SamplingParams())
+    prompt = [EncodedPrompt("s", torch.tensor([1]), text="x")]
+    engine.generate(prompt, vllm_engine.SamplingParams())  # awake: no wake-up; asleep afterwards
+    engine.generate([], vllm_engine.SamplingParams())  # nothing to generate: stays asleep, vLLM not called
+    engine.generate(prompt, vllm_engine.SamplingParams())
     assert calls == [
-        ("generate", 0),
+        ("generate", 1),
         ("sleep", 1),
         ("empty_cache",),
         ("wake_up", None),
-        ("generate", 0),
+        ("generate", 1),
         ("sleep", 1),
     ]
 

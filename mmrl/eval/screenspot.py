@@ -10,11 +10,15 @@ Scoring: the point the response names (:func:`mmrl.eval.extract.screen_point`: Q
 JSON, UI-R1 action lists, ``(x, y)``, ``[x1, y1, x2, y2]`` -> centre, ...) is mapped to original pixels and is
 correct iff ``x <= px <= x + w`` and ``y <= py <= y + h`` (edges included). The mapping is the option ``coords``:
 
-- ``absolute`` (default; Qwen2.5-VL): pixels of the image the model saw, after ``smart_resize`` with the run's
-  ``min_pixels``/``max_pixels``; mapped back per axis (:func:`mmrl.processors.geometry.model_to_original`). When
-  scoring a prediction file, pass the ``min_pixels``/``max_pixels`` the predictions were made with.
-- ``normalized``: 0-1 fractions of the width and height; ``normalized_1000``: 0-1000 (Qwen2-VL, CogAgent, many
-  others); ``original``: already original pixels.
+- ``model`` (default): the model's own coordinate frame, as the GUI reward uses it (:mod:`mmrl.families`:
+  ``model.coordinate_frame``, else the frame of the checkpoint's family at ``model.path``, ``absolute`` pixels for
+  Qwen2.5-VL, ``normalized_1000`` for Qwen3-VL and Qwen3.5), mapped by :func:`mmrl.families.frame_to_original`.
+- ``absolute``: pixels of the image the model saw, resized on the checkpoint's own geometry (its processor at
+  ``model.path``: a 28 or 32 px grid, or a fixed-size tower) with the run's ``min_pixels``/``max_pixels``; mapped back
+  per axis. When scoring a prediction file, pass the model and the budget the predictions were made with; with no
+  processor at ``model.path`` the 28 px grid of Qwen2/2.5-VL is assumed.
+- ``normalized``: 0-1 fractions of the width and height; ``normalized_1000``: 0-1000 (Qwen2-VL, Qwen3-VL, Qwen3.5,
+  CogAgent, many others); ``original``: already original pixels.
 
 Breakdowns: platform x data type (``group``, e.g. ``mobile/icon``, the table SeeClick reports), platform, data type
 and data source. A response without a point is wrong.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +36,7 @@ from mmrl.config import opt
 from mmrl.eval.base import Benchmark, EvalError, EvalItem, Loaded, Score, register
 from mmrl.eval.extract import screen_point
 from mmrl.eval.loading import Record, fill, image_size, media, read_records, require, user_turn
-from mmrl.processors.geometry import model_to_original, smart_resize
+from mmrl.families import ModelView, frame_to_original
 from mmrl.types import Sample
 
 EDGE_EPS = 1e-6  # pixels: a point on an edge stays on it after the float round trip of the coordinate mapping
@@ -41,10 +46,10 @@ PROMPT = "In this screenshot, where should I click to do this: {instruction}\nAn
 
 @dataclass
 class ScreenSpotOptions:
-    coords: Literal["absolute", "normalized", "normalized_1000", "original"] = opt(
-        "how the model writes points: absolute (resized-image pixels, Qwen2.5-VL), normalized (0-1), "
-        "normalized_1000 (0-1000) or original (original pixels)",
-        "absolute",
+    coords: Literal["model", "absolute", "normalized", "normalized_1000", "original"] = opt(
+        "how the model writes points: model (its family's frame, mmrl.families), absolute (resized-image pixels, "
+        "Qwen2.5-VL), normalized (0-1), normalized_1000 (0-1000, Qwen3-VL, Qwen3.5) or original (original pixels)",
+        "model",
     )
     image_dir: str | None = opt(
         "screenshot folder, relative to the data files' folder (None = screenspot_imgs)", None
@@ -93,17 +98,27 @@ class ScreenSpot(Benchmark):
         sample = Sample(rid, user_turn(fill(self.opts.prompt, d, rec.where), n_images=1), [src])
         return EvalItem(rid, sample, fields)
 
+    @cached_property
+    def view(self) -> ModelView:
+        """How the model saw the screenshots: the checkpoint at ``model.path`` (its geometry and its family's frame)
+        under the run's budget; no checkpoint there means Qwen2/2.5-VL's 28 px grid (:class:`ModelView`)."""
+        return ModelView.of_model(self.model)
+
+    @cached_property
+    def frame(self) -> str:
+        """The :mod:`mmrl.families` frame the option ``coords`` names (``normalized`` is mapped on its own)."""
+        if self.opts.coords == "model":
+            return self.view.frame
+        return {"absolute": "model_pixels", "normalized_1000": "relative_1000"}.get(
+            self.opts.coords, "original_pixels"
+        )
+
     def to_original(self, item: EvalItem, x: float, y: float) -> tuple[float, float]:
         w, h = item.fields["image_size"]
-        coords = self.opts.coords
-        if coords == "absolute":
-            mh, mw = smart_resize(h, w, min_pixels=self.model.min_pixels, max_pixels=self.model.max_pixels)
-            return model_to_original(x, y, (w, h), (mw, mh))
-        if coords == "normalized":
+        if self.opts.coords == "normalized":
             return x * w, y * h
-        if coords == "normalized_1000":
-            return x * w / 1000, y * h / 1000
-        return x, y
+        model = self.view.model_size(w, h) if self.frame == "model_pixels" else (w, h)
+        return frame_to_original(x, y, self.frame, (w, h), model)
 
     def extract(self, item: EvalItem, response: str) -> Any:
         point = screen_point(response)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmrl.processors.geometry import smart_resize
+from mmrl.families import ModelView
 from mmrl.recipes.gui.data import (
     LISTS,
     TABS,
@@ -44,6 +44,8 @@ logger = logging.getLogger("mmrl.recipes.gui")
 TINY_SCREEN = Screen("phone_small", "phone", 360, 640, 0.5)
 # model.min_pixels / max_pixels of tiny.yaml and sft.yaml: 180x320 screenshots become 140x252 = 5x9 = 45 tokens
 TINY_PIXELS = (3136, 36000)
+# sft.yaml's model.path (tiny.yaml starts from its warm start, with the same processor)
+TINY_MODEL = "assets/tiny-qwen2.5-vl"
 TINY_METRICS = {"font": 16, "icon": 48, "pad": 10, "radius": 8, "row": 14}
 TINY_WEIGHTS = {"click": 0.7, "input_text": 0.15, "navigate_back": 0.15}
 BAR_ICONS = ("search", "settings", "share", "more")
@@ -74,10 +76,12 @@ def make_tiny_layout(rng: random.Random, screen: Screen, *, home: bool = False) 
 
 
 def model_size() -> tuple[int, int]:
-    """The tiny screenshot's size ``(w, h)`` as the policy sees it under :data:`TINY_PIXELS`."""
-    w, h = TINY_SCREEN.pixel_size
-    mh, mw = smart_resize(h, w, min_pixels=TINY_PIXELS[0], max_pixels=TINY_PIXELS[1])
-    return mw, mh
+    """The tiny screenshot's size ``(w, h)`` as the policy sees it: :data:`TINY_MODEL`'s geometry under
+    :data:`TINY_PIXELS`."""
+    lo, hi = TINY_PIXELS
+    return ModelView.of_model({"path": TINY_MODEL, "min_pixels": lo, "max_pixels": hi}).model_size(
+        *TINY_SCREEN.pixel_size
+    )
 
 
 def _has_field(rec: dict[str, Any]) -> bool:

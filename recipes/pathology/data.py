@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 from scipy.spatial import cKDTree
 
-from mmrl.processors.geometry import smart_resize
+from mmrl.families import ModelView
 
 TISSUES = ("adipose", "stroma", "lymphoid", "epithelium")
 LESIONS = ("tumour", "necrosis")
@@ -327,22 +327,27 @@ def _answer_word(rec: dict[str, Any]) -> str:
     return meta["choices"]["ABCD".index(rec["answer"])] if meta["kind"] == "tissue_mc" else rec["answer"]
 
 
-def target_response(rec: dict[str, Any], image_size: tuple[int, int], pixels: tuple[int, int]) -> str:
-    """The demonstration response for a record: what is seen in <think>, the answer (and the region, in the
-    model-input pixels of ``smart_resize`` under the ``(min_pixels, max_pixels)`` budget) in <answer>."""
+def target_response(
+    rec: dict[str, Any], image_size: tuple[int, int], model: ModelView | tuple[int, int]
+) -> str:
+    """The demonstration response for a record: what is seen in <think>, the answer (and the region, in the frame
+    the model writes in, :class:`~mmrl.families.ModelView`; a bare ``(min_pixels, max_pixels)`` budget knows no
+    model and means the model-input pixels of Qwen2/2.5-VL's 28 px grid) in <answer>."""
     meta = rec["metadata"]
     seen = meta["tissue"] + ("" if meta["lesion"] == "none" else f" {meta['lesion']}")
     answer = rec["answer"]
     region = meta.get("region")
     if region is not None:
-        w, h = image_size
-        mh, mw = smart_resize(h, w, min_pixels=pixels[0], max_pixels=pixels[1])
+        view, (w, h) = ModelView.of(model), image_size
+
+        def to_frame(x: float, y: float) -> list[int]:
+            return [round(v) for v in view.to_frame(x, y, w, h)]
+
         if meta["kind"] == "box":
-            x1, y1, x2, y2 = region
-            scaled = [round(x1 * mw / w), round(y1 * mh / h), round(x2 * mw / w), round(y2 * mh / h)]
+            scaled = to_frame(*region[:2]) + to_frame(*region[2:])
             answer += f" <box>{json.dumps(scaled, separators=(',', ':'))}</box>"
         else:
-            pts = [[round(x * mw / w), round(y * mh / h)] for x, y in region]
+            pts = [to_frame(x, y) for x, y in region]
             answer += f" <polygon>{json.dumps(pts, separators=(',', ':'))}</polygon>"
     return f"<think>{seen}</think><answer>{answer}</answer>"
 
@@ -358,14 +363,21 @@ def build(
     kind_weights: dict[str, float] | None = None,
     sft_keep_other: float = 0.25,
     sft_pixels: tuple[int, int] = (3136, 3136),
+    sft_model: str | None = None,
 ) -> dict[str, Path]:
     """Write ``train.jsonl``, ``eval.jsonl`` (and ``sft.jsonl`` when ``n_sft``) with ``images/`` into ``folder``.
 
     ``train`` and ``eval`` draw kinds by ``kind_weights`` (default :data:`FULL_KIND_WEIGHTS`) and tissues and lesions
     uniformly. ``sft`` draws kinds uniformly over ``kind_weights``'s kinds and keeps a record whose answer is not its
     kind's :data:`MAJORITY` answer with probability ``sft_keep_other``; its answers are the demonstration responses
-    for a model that sees the images at ``sft_pixels`` (the warm start's ``model.min_pixels``/``max_pixels``).
+    for a model that sees the images at ``sft_pixels`` (the warm start's ``model.min_pixels``/``max_pixels``), on the
+    geometry and in the coordinate frame of the checkpoint at ``sft_model`` (the warm start's ``model.path``; None:
+    no model known, the 28 px grid and model-input pixels of Qwen2/2.5-VL).
     """
+    lo, hi = sft_pixels
+    sft_view = (
+        ModelView.of_model({"path": sft_model, "min_pixels": lo, "max_pixels": hi}) if sft_model else (lo, hi)
+    )
     root = Path(folder)
     (root / "images").mkdir(parents=True, exist_ok=True)
     weights = kind_weights or FULL_KIND_WEIGHTS
@@ -385,7 +397,7 @@ def build(
             img = paint(rec, image_seed, size)
             if split == "sft":
                 rec["metadata"]["reference"] = rec["answer"]
-                rec["answer"] = target_response(rec, img.size, sft_pixels)
+                rec["answer"] = target_response(rec, img.size, sft_view)
             img.save(root / rec["images"][0], compress_level=1)
             lines.append(json.dumps(rec))
         paths[split] = root / f"{split}.jsonl"
@@ -395,7 +407,18 @@ def build(
     return paths
 
 
+TINY_MODEL = "assets/tiny-qwen2.5-vl"  # recipes/pathology/sft.yaml's model.path
+
+
 def build_tiny(folder: str | Path) -> dict[str, Path]:
     """The tiny variant's data: 112 px tiles (the model sees them at 56 px), :data:`TINY_KIND_WEIGHTS`, and a
     warm-start split for ``recipes/pathology/sft.yaml``."""
-    return build(folder, n_train=800, n_eval=200, n_sft=1200, size=112, kind_weights=TINY_KIND_WEIGHTS)
+    return build(
+        folder,
+        n_train=800,
+        n_eval=200,
+        n_sft=1200,
+        size=112,
+        kind_weights=TINY_KIND_WEIGHTS,
+        sft_model=TINY_MODEL,
+    )
