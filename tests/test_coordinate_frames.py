@@ -22,7 +22,6 @@ from mmrl.families import COORDINATE_FRAMES, ModelView, coordinate_frame, frame_
 from mmrl.policy import Policy
 from mmrl.rewards.gui import gui_action
 from mmrl.rewards.pathology import pathology
-from mmrl.tiny import build_tiny
 from mmrl.types import RewardInput, Sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,24 +36,10 @@ BUDGET = (3136, 1280 * 28 * 28)  # a real run's pixel budget (mapping only; noth
 TARGETS = [(0.37, 0.61), (0.05, 0.93), (0.9, 0.02)]  # fractions of the width and height
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    root, built = tmp_path_factory.mktemp("frames"), {}
-
-    def get(family: str) -> Path:
-        if family == "qwen2_5_vl":
-            return ROOT / "assets" / "tiny-qwen2.5-vl"
-        if family not in built:
-            built[family] = build_tiny(root / family, seed=0, family=family)
-        return built[family]
-
-    return get
-
-
-def _view(checkpoint, family: str, frame: str | None = None) -> ModelView:
+def _view(tiny_family, family: str, frame: str | None = None) -> ModelView:
     return ModelView.of_model(
         {
-            "path": str(checkpoint(family)),
+            "path": str(tiny_family(family)),
             "min_pixels": BUDGET[0],
             "max_pixels": BUDGET[1],
             "coordinate_frame": frame,
@@ -66,10 +51,10 @@ def _click(x: float, y: float) -> str:
     return f"<think>t</think><answer>[{{'action': 'click', 'coordinate': [{x}, {y}]}}]</answer>"
 
 
-def test_the_family_frame_is_read_from_the_checkpoint(checkpoint):
+def test_the_family_frame_is_read_from_the_checkpoint(tiny_family):
     for family, frame in FAMILIES.items():
-        model_type = json.loads((checkpoint(family) / "config.json").read_text())["model_type"]
-        assert coordinate_frame(model_type) == frame == _view(checkpoint, family).frame
+        model_type = json.loads((tiny_family(family) / "config.json").read_text())["model_type"]
+        assert coordinate_frame(model_type) == frame == _view(tiny_family, family).frame
     assert COORDINATE_FRAMES["qwen3_vl_moe"] == COORDINATE_FRAMES["qwen3_5_moe"] == "relative_1000"
     assert coordinate_frame("some_new_vlm") == "model_pixels"
     with pytest.raises(ValueError, match="coordinate frame must be one of"):
@@ -78,8 +63,8 @@ def test_the_family_frame_is_read_from_the_checkpoint(checkpoint):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_a_click_in_the_family_frame_maps_back_and_hits(checkpoint, family, size):
-    view, (w, h) = _view(checkpoint, family), size
+def test_a_click_in_the_family_frame_maps_back_and_hits(tiny_family, family, size):
+    view, (w, h) = _view(tiny_family, family), size
     model = view.model_size(w, h)
     meta = view.metadata(w, h)
     assert meta["coordinate_frame"] == FAMILIES[family] and meta["model_image_sizes"] == [list(model)]
@@ -108,8 +93,8 @@ def test_a_click_in_the_family_frame_maps_back_and_hits(checkpoint, family, size
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("size", SCREENS, ids=lambda s: f"{s[0]}x{s[1]}")
-def test_a_box_in_the_family_frame_is_the_annotated_region(checkpoint, family, size):
-    view, (w, h) = _view(checkpoint, family), size
+def test_a_box_in_the_family_frame_is_the_annotated_region(tiny_family, family, size):
+    view, (w, h) = _view(tiny_family, family), size
     region = [0.2 * w, 0.3 * h, 0.55 * w, 0.5 * h]
     x1, y1 = view.to_frame(region[0], region[1], w, h)
     x2, y2 = view.to_frame(region[2], region[3], w, h)
@@ -125,11 +110,11 @@ def test_a_box_in_the_family_frame_is_the_annotated_region(checkpoint, family, s
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_screenspot_scorer_agrees_with_the_reward(checkpoint, family):
-    model = ModelConfig(path=str(checkpoint(family)), min_pixels=BUDGET[0], max_pixels=BUDGET[1])
+def test_the_screenspot_scorer_agrees_with_the_reward(tiny_family, family):
+    model = ModelConfig(path=str(tiny_family(family)), min_pixels=BUDGET[0], max_pixels=BUDGET[1])
     bench = get_benchmark("screenspot", {}, model)
     assert bench.frame == FAMILIES[family]
-    view = _view(checkpoint, family)
+    view = _view(tiny_family, family)
     for w, h in SCREENS:
         bbox = [0.3 * w, 0.4 * h, 60.0, 30.0]  # [x, y, w, h]
         item = EvalItem(
@@ -157,7 +142,7 @@ def test_the_screenspot_scorer_agrees_with_the_reward(checkpoint, family):
         assert score.normalized == pytest.approx(list(mapped), abs=1e-9)
 
 
-def test_the_override_changes_the_frame(checkpoint):
+def test_the_override_changes_the_frame(tiny_family):
     assert (
         from_dict(ModelConfig, {"coordinate_frame": "original_pixels"}).coordinate_frame == "original_pixels"
     )
@@ -166,10 +151,10 @@ def test_the_override_changes_the_frame(checkpoint):
     w, h = 1920, 1080
     for family, frame in FAMILIES.items():
         for override in ("model_pixels", "relative_1000", "original_pixels"):
-            view = _view(checkpoint, family, override)
+            view = _view(tiny_family, family, override)
             assert view.frame == override
             model = ModelConfig(
-                path=str(checkpoint(family)),
+                path=str(tiny_family(family)),
                 min_pixels=BUDGET[0],
                 max_pixels=BUDGET[1],
                 coordinate_frame=override,
@@ -179,9 +164,9 @@ def test_the_override_changes_the_frame(checkpoint):
             item = EvalItem("s", Sample("s", []), {"image_size": [w, h], "bbox": [500.0, 500.0, 40.0, 40.0]})
             x, y = view.to_frame(520, 520, w, h)
             assert bench.judge(item, [x, y]).normalized == pytest.approx([520, 520])
-        assert _view(checkpoint, family).frame == frame
+        assert _view(tiny_family, family).frame == frame
     # Qwen2.5-VL told it writes 0-1000: (500, 500) is the screen's centre, not a point near its top-left
-    meta = _view(checkpoint, "qwen2_5_vl", "relative_1000").metadata(w, h)
+    meta = _view(tiny_family, "qwen2_5_vl", "relative_1000").metadata(w, h)
     (r,) = gui_action(
         [RewardInput("c", _click(500, 500), {"action": "click", "point": [960, 540]}, metadata=meta)]
     )
@@ -189,7 +174,7 @@ def test_the_override_changes_the_frame(checkpoint):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_the_collector_gives_rewards_the_policy_frame(checkpoint, family, tmp_path):
+def test_the_collector_gives_rewards_the_policy_frame(tiny_family, family, tmp_path):
     """One encode per family: the prompt's model size is the view's, and reward_inputs carries the frame."""
     path = tmp_path / "phone.png"
     a = np.full((2400, 1080, 3), 245, np.uint8)
@@ -198,7 +183,7 @@ def test_the_collector_gives_rewards_the_policy_frame(checkpoint, family, tmp_pa
     lo, hi = (4 * 32 * 32, 16 * 32 * 32) if family in ("qwen3_vl", "qwen3_5") else (4 * 28 * 28, 16 * 28 * 28)
     for override in (None, "original_pixels"):
         cfg = ModelConfig(
-            path=str(checkpoint(family)), min_pixels=lo, max_pixels=hi, coordinate_frame=override
+            path=str(tiny_family(family)), min_pixels=lo, max_pixels=hi, coordinate_frame=override
         )
         policy = Policy.from_pretrained(cfg)
         content = [{"type": "image"}, {"type": "text", "text": "Tap the blue button."}]
@@ -211,7 +196,7 @@ def test_the_collector_gives_rewards_the_policy_frame(checkpoint, family, tmp_pa
         assert ri.metadata["image_sizes"] == [(1080, 2400)]
 
 
-def test_a_hub_id_is_read_from_the_local_cache(checkpoint, tmp_path, monkeypatch):
+def test_a_hub_id_is_read_from_the_local_cache(tiny_family, tmp_path, monkeypatch):
     """A run naming a hub id gets its family's frame and geometry from the HF cache (no network); an id in neither
     a folder nor the cache knows no model: the 28 px grid in model pixels."""
     import shutil
@@ -219,7 +204,7 @@ def test_a_hub_id_is_read_from_the_local_cache(checkpoint, tmp_path, monkeypatch
     from huggingface_hub import constants
 
     snap = tmp_path / "models--org--tiny-qwen3-vl" / "snapshots" / "abc"
-    shutil.copytree(checkpoint("qwen3_vl"), snap)
+    shutil.copytree(tiny_family("qwen3_vl"), snap)
     (tmp_path / "models--org--tiny-qwen3-vl" / "refs").mkdir()
     (tmp_path / "models--org--tiny-qwen3-vl" / "refs" / "main").write_text("abc")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))

@@ -35,27 +35,13 @@ EXTREME = [(13, 500), (1000, 37)]
 BUDGET = {28: (4 * 28 * 28, 16 * 28 * 28), 32: (4 * 32 * 32, 16 * 32 * 32)}
 
 
-@pytest.fixture(scope="session")
-def family_dir(tmp_path_factory):
-    root, built = tmp_path_factory.mktemp("families"), {}
-
-    def get(family: str) -> Path:
-        if family == "qwen2_5_vl":
-            return ROOT / "assets" / "tiny-qwen2.5-vl"
-        if family not in built:
-            built[family] = build_tiny(root / family, seed=0, family=family)
-        return built[family]
-
-    return get
-
-
 @pytest.fixture(scope="module")
-def policy(family_dir):
+def policy(tiny_family):
     cache = {}
 
     def get(family: str) -> Policy:
         if family not in cache:
-            path = family_dir(family)
+            path = tiny_family(family)
             factor = vision_geometry(_processor(path)).factor
             lo, hi = BUDGET.get(factor, (3136, 12544))
             cache[family] = Policy.from_pretrained(ModelConfig(path=str(path), min_pixels=lo, max_pixels=hi))
@@ -96,21 +82,21 @@ def _image_token_id(policy: Policy) -> int:
     return policy.model.config.image_token_id
 
 
-def test_every_family_builds_and_loads_like_a_release(family_dir):
+def test_every_family_builds_and_loads_like_a_release(tiny_family):
     from transformers import AutoModelForImageTextToText
 
     for family in NEW:
-        path = family_dir(family)
+        path = tiny_family(family)
         config = json.loads((path / "config.json").read_text())
         assert config["model_type"] == family
         model = AutoModelForImageTextToText.from_pretrained(path)
         assert model.num_parameters() < 500_000
         assert (path / "README.md").read_text().startswith(f"# tiny-{family}\n")
     with pytest.raises(ValueError, match="unknown family 'llama9'"):
-        build_tiny(family_dir("qwen3_vl").parent / "x", family="llama9")
+        build_tiny(tiny_family("qwen3_vl").parent / "x", family="llama9")
 
 
-def test_geometry_is_read_from_the_processor(family_dir):
+def test_geometry_is_read_from_the_processor(tiny_family):
     want = {
         "qwen2_5_vl": (28, None, 2, Image.Resampling.BICUBIC),
         "qwen3_vl": (32, None, 2, Image.Resampling.BICUBIC),
@@ -120,14 +106,14 @@ def test_geometry_is_read_from_the_processor(family_dir):
         "gemma3": (1, (224, 224), None, Image.Resampling.BILINEAR),
     }
     for family, (factor, fixed, temporal, resample) in want.items():
-        geo = vision_geometry(_processor(family_dir(family)))
+        geo = vision_geometry(_processor(tiny_family(family)))
         assert (geo.factor, geo.fixed_size, geo.temporal_patch, geo.resample) == (
             factor,
             fixed,
             temporal,
             resample,
         )
-    qwen3 = vision_geometry(_processor(family_dir("qwen3_vl")))
+    qwen3 = vision_geometry(_processor(tiny_family("qwen3_vl")))
     assert (qwen3.min_pixels, qwen3.max_pixels, qwen3.video_factor) == (4 * 32 * 32, 16 * 32 * 32, 32)
     assert qwen3.model_size(57, 83) == (64, 96)  # the processor's own budget when the run gives none
 
@@ -283,12 +269,12 @@ train: {{prompts_per_step: 2, progress: false, seed: 3}}
 
 
 @pytest.mark.parametrize("family", NEW)
-def test_train_two_steps_full_and_lora(family, family_dir, tmp_path):
+def test_train_two_steps_full_and_lora(family, tiny_family, tmp_path):
     """(d) `mmrl train` runs 2 GRPO steps on the shapes data (56x56 images: on the 28 grid, not on 32) with full
     fine-tuning and with LoRA's default targets, and saves a checkpoint that loads."""
     for lora in (False, True):
         out = tmp_path / ("lora" if lora else "full")
-        cfg = _train_config(tmp_path, family_dir(family), lora)
+        cfg = _train_config(tmp_path, tiny_family(family), lora)
         assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "2"]) == 0
         rows = [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
         assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["loss"]) for r in rows)
@@ -298,7 +284,7 @@ def test_train_two_steps_full_and_lora(family, family_dir, tmp_path):
     saved = Policy.from_pretrained(
         ModelConfig(path=str(tmp_path / "full" / "checkpoints" / "step-2" / "model"))
     )
-    assert saved.geometry == Policy.from_pretrained(ModelConfig(path=str(family_dir(family)))).geometry
+    assert saved.geometry == Policy.from_pretrained(ModelConfig(path=str(tiny_family(family)))).geometry
 
 
 @pytest.mark.parametrize("family", [f for f in NEW if f != "gemma3"])
