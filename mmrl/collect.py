@@ -55,7 +55,7 @@ def reward_inputs(
     return [
         RewardInput(
             sample.id,
-            t,
+            prompt.response_prefix + t,
             sample.answer,
             sample.prompt_text,
             list(sample.images),

@@ -34,8 +34,17 @@ class LoraConfig:
     alpha: float = opt("LoRA scaling numerator (the update is alpha / r * B A)", 16.0)
     dropout: float = opt("dropout on the LoRA branch's input (all other dropout stays off)", 0.0)
     target_modules: list[str] | str = opt(
-        "module names (or one regex) that get adapters; the default covers the language model's projections",
-        r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)",
+        "module names (or one regex) that get adapters; 'auto': every Linear of the language model, read from the "
+        "checkpoint's module names (mmrl.families.lora_targets)",
+        "auto",
+    )
+    vision: bool = opt(
+        "with target_modules 'auto', the vision tower's and projector's Linears get adapters too", False
+    )
+    experts: bool = opt(
+        "adapt fused MoE expert weights: refused (peft reaches them only through target_parameters, which mmrl "
+        "cannot merge for vLLM or a merged checkpoint); with LoRA the experts stay frozen",
+        False,
     )
     save_merged: bool = opt(
         "checkpoints also hold the merged full model (HF format) beside the adapter", False
@@ -56,11 +65,15 @@ class ModelConfig:
     gradient_checkpointing: bool = opt("recompute activations in the backward pass to save memory", False)
     min_pixels: int = opt("smallest image size in pixels after smart_resize", 4 * 28 * 28)
     max_pixels: int = opt("largest image size in pixels after smart_resize", 256 * 28 * 28)
-    coordinate_frame: Literal["model_pixels", "relative_1000", "original_pixels"] | None = opt(
+    coordinate_frame: Literal["model_pixels", "relative_1000", "relative_1", "original_pixels"] | None = opt(
         "frame the model writes points and boxes in, for grounding rewards and scorers: model_pixels (the resized "
-        "image), relative_1000 (0-1000 of width and height) or original_pixels; None = the family's own "
-        "(mmrl.families.COORDINATE_FRAMES)",
+        "image), relative_1000 (0-1000 of width and height), relative_1 (0-1) or original_pixels; None = the "
+        "family's own (mmrl.families.COORDINATE_FRAMES)",
         None,
+    )
+    chat_template_kwargs: dict[str, Any] = opt(
+        "extra variables for the checkpoint's chat template, e.g. {enable_thinking: false} for Qwen3.5 or GLM-4.5V",
+        factory=dict,
     )
     video_max_pixels: int = opt("largest video frame size in pixels", 64 * 28 * 28)
     video_min_pixels: int = opt(
@@ -69,7 +82,10 @@ class ModelConfig:
     )
     video_fps: float = opt("frames per second sampled from videos", 2.0)
     video_max_frames: int = opt("most frames taken from one video", 16)
-    freeze_vision: bool = opt("keep the vision tower's weights fixed", False)
+    freeze_vision: bool = opt(
+        "keep the vision side's weights fixed (the tower and the projector: all but the language model and its head)",
+        False,
+    )
     lora: LoraConfig = opt(
         "low-rank adapters (peft); the reference model is the base with adapters disabled", factory=LoraConfig
     )

@@ -17,9 +17,16 @@ Image geometry comes from the checkpoint's own image (and video) processor confi
   size of what the model saw; and the map between original and model pixels stays the per-axis scale of
   :class:`mmrl.processors.image.ImageGeometry` (the processor's resize is a per-axis stretch too, not a letterbox),
   exact in both directions, which the GUI and pathology rewards rely on.
-* **Tiling processors** (Gemma 3 pan-and-scan, Idefics3/SmolVLM image splitting, LLaVA-OneVision anyres, InternVL
-  dynamic tiles) are refused with a clear error when their tiling is switched on: one resized view is not the layout
-  those models were trained on.
+* **Processor-owned geometry** (tiling processors: Gemma 3 pan-and-scan, Idefics3/SmolVLM2 image splitting,
+  LLaVA-OneVision anyres, InternVL dynamic tiles, Llama 4 tiles; and any processor whose resize mmrl does not model,
+  such as Gemma 4's resize to a soft-token budget): mmrl hands the processor the original image and lets it resize and
+  tile as the model was trained, with its own settings (``max_patches``, ``size``, ``max_soft_tokens``...; the run's
+  ``model.min_pixels``/``max_pixels`` do not apply). The number of vision tokens is then the processor's by
+  construction, for both engines (vLLM runs the same HF processor on the same image), and
+  ``EncodedPrompt.model_image_sizes`` is the size of the image the processor got (the original): the ``model_pixels``
+  frame of such a family is the original image's pixels. Videos of a video processor without patch merging
+  (LLaVA-OneVision, SmolVLM2, InternVL) are likewise resized by the processor: mmrl selects the frames and bounds
+  their pixels by ``model.video_max_pixels``.
 
 Every geometry number used here is in the processor config. What no config says is in a small table keyed by the
 checkpoint's ``model_type``: the **coordinate frame** a family writes points and boxes in (:data:`COORDINATE_FRAMES`),
@@ -29,16 +36,22 @@ which grounding rewards and scorers map to original-image pixels with :func:`fra
   the input image's actual pixel coordinates rather than relative ones);
 * ``relative_1000``: 0-1000 of the image's width and height, the same fraction of the original as of the model-input
   image since the resize is a per-axis stretch (Qwen2-VL's ``<|box_start|>(x1,y1),(x2,y2)<|box_end|>`` in
-  [0, 1000); Qwen3-VL and Qwen3.5: relative coordinates on a 0-1000 scale, per their model cards and cookbooks);
+  [0, 1000); Qwen3-VL and Qwen3.5: relative coordinates on a 0-1000 scale, per their model cards and cookbooks;
+  GLM-4.1V and GLM-4.5V: 0-1000 of the image's width and height, top-left origin, per zai-org's GLM-V grounding
+  documentation; InternVL: ``<box>[[x1, y1, x2, y2]]</box>`` normalised to 0-1000, per InternVL's documentation);
+* ``relative_1``: fractions 0-1 of the width and height: LLaVA-1.5's box format (``[x1, y1, x2, y2]`` with 3
+  decimals), which LLaVA-OneVision's grounding data inherits; OneVision's own release does not restate it, so this is
+  an assumption that ``model.coordinate_frame`` overrides;
 * ``original_pixels``: pixels of the original image (a data set whose prompts say so; only by override).
 
-Gemma 3's release (model card and technical report) documents no grounding output format, so Gemma 3 and every
+Gemma 3, Gemma 4, Mistral 3, Llama 4, Idefics3 and SmolVLM2 releases document no grounding output format, so they and every
 family missing from the table take ``model_pixels``: an assumption, which ``model.coordinate_frame`` overrides.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, is_dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -46,16 +59,19 @@ from typing import Any, Literal, NamedTuple
 
 from PIL import Image
 
-from mmrl.processors.geometry import model_to_original, original_to_model, smart_resize
-from mmrl.processors.image import ImageGeometry, prepare_image
+from mmrl.processors.errors import MediaError
+from mmrl.processors.geometry import GeometryError, model_to_original, original_to_model, smart_resize
+from mmrl.processors.image import ImageGeometry, prepare_image, to_rgb
 
-# processor attributes that switch on multi-view tiling, which mmrl does not reproduce (see the module docstring)
+# processor attributes that switch on multi-view tiling: the processor then owns the geometry (module docstring)
 TILING_ATTRS = ("do_pan_and_scan", "do_image_splitting", "image_grid_pinpoints", "crop_to_patches")
 
 
-CoordinateFrame = Literal["model_pixels", "relative_1000", "original_pixels"]
-FRAMES: tuple[str, ...] = ("model_pixels", "relative_1000", "original_pixels")
+CoordinateFrame = Literal["model_pixels", "relative_1000", "relative_1", "original_pixels"]
+FRAMES: tuple[str, ...] = ("model_pixels", "relative_1000", "relative_1", "original_pixels")
 RELATIVE_SCALE = 1000.0
+# the scale of each relative frame: a coordinate is this fraction-times-scale of the image's width or height
+RELATIVE = {"relative_1000": RELATIVE_SCALE, "relative_1": 1.0}
 # families missing from the table below take this frame (an assumption; see the module docstring)
 DEFAULT_FRAME = "model_pixels"
 # the frame each family's release answers in, by the checkpoint's config.json ``model_type`` (no config says it)
@@ -66,11 +82,11 @@ COORDINATE_FRAMES: dict[str, str] = {
     "qwen3_vl_moe": "relative_1000",
     "qwen3_5": "relative_1000",
     "qwen3_5_moe": "relative_1000",
+    "glm4v": "relative_1000",
+    "glm4v_moe": "relative_1000",
+    "internvl": "relative_1000",
+    "llava_onevision": "relative_1",
 }
-
-
-class UnsupportedGeometry(ValueError):
-    """The checkpoint's processor resizes or tiles images in a way mmrl cannot reproduce exactly."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +97,11 @@ class VisionGeometry:
     fixed-size tower (then neither ``factor`` nor a pixel budget applies); ``min_pixels``/``max_pixels``:
     the processor's own budget; ``resample``: the PIL filter of the processor's resize; ``video_factor`` and
     ``temporal_patch``: the video processor's side multiple and frames per temporal patch (None when the
-    checkpoint's processor takes no video)."""
+    checkpoint's processor takes no video). ``tiling``: the processor setting that makes it tile (or ``"resize"``
+    for a resize mmrl does not model), when the processor owns the image geometry (then the image is handed over
+    as it is); ``video_resizes``: the video processor resizes frames itself (no patch merging to align to);
+    ``max_side``: the longest side the processor lets through unresized (Pixtral's ``size.longest_edge``: vLLM's
+    Pixtral processor resizes anything longer even when told not to, so mmrl keeps images within it)."""
 
     factor: int
     fixed_size: tuple[int, int] | None
@@ -90,27 +110,48 @@ class VisionGeometry:
     resample: Image.Resampling
     video_factor: int | None
     temporal_patch: int | None
+    tiling: str | None = None
+    video_resizes: bool = False
+    max_side: int | None = None
+
+    @property
+    def processor_resizes(self) -> bool:
+        """Whether the processor resizes (and tiles) images itself (module docstring)."""
+        return self.tiling is not None
 
     def model_size(
         self, width: int, height: int, min_pixels: int | None = None, max_pixels: int | None = None
     ) -> tuple[int, int]:
         """``(width, height)`` the model sees for a ``width x height`` image under the given (else the
-        processor's) pixel budget."""
+        processor's) pixel budget; the image as it is when the processor owns the geometry."""
+        if self.processor_resizes:
+            return width, height
         if self.fixed_size is not None:
             return self.fixed_size
-        h, w = smart_resize(
-            height,
-            width,
-            factor=self.factor,
-            min_pixels=self.min_pixels if min_pixels is None else min_pixels,
-            max_pixels=self.max_pixels if max_pixels is None else max_pixels,
-        )
+        lo = self.min_pixels if min_pixels is None else min_pixels
+        hi = self.max_pixels if max_pixels is None else max_pixels
+        h, w = smart_resize(height, width, factor=self.factor, min_pixels=lo, max_pixels=hi)
+        if self.max_side is not None and max(h, w) > self.max_side:
+            # a longest-side cap (Pixtral) wins over the budget: scale to fit it, then floor to the grid
+            scale = self.max_side / max(height, width)
+            h = max(self.factor, math.floor(height * scale / self.factor) * self.factor)
+            w = max(self.factor, math.floor(width * scale / self.factor) * self.factor)
         return w, h
 
     def prepare_image(
         self, img: Image.Image, *, min_pixels: int, max_pixels: int, record_id: str = "?"
     ) -> tuple[Image.Image, ImageGeometry]:
-        """:func:`mmrl.processors.image.prepare_image` with this checkpoint's factor, fixed size and filter."""
+        """:func:`mmrl.processors.image.prepare_image` with this checkpoint's factor, fixed size and filter; the
+        RGB image unresized when the processor owns the geometry."""
+        if self.processor_resizes:
+            rgb = img if img.mode == "RGB" else to_rgb(img, record_id=record_id)
+            return rgb, ImageGeometry(original_size=img.size, model_size=img.size)
+        if self.max_side is not None:
+            try:
+                fixed = self.model_size(*img.size, min_pixels=min_pixels, max_pixels=max_pixels)
+            except GeometryError as e:
+                raise MediaError(record_id, f"image cannot be resized for the model: {e}") from e
+            return prepare_image(img, fixed_size=fixed, resample=self.resample, record_id=record_id)
         return prepare_image(
             img,
             min_pixels=min_pixels,
@@ -121,63 +162,104 @@ class VisionGeometry:
             record_id=record_id,
         )
 
+    def processor_kwargs(self) -> dict[str, dict[str, Any]]:
+        """What the policy and the vLLM engine pass the HF processor besides the media: no resize of what mmrl
+        has already resized, and no frame sampling (mmrl selects the frames)."""
+        images = {} if self.processor_resizes else {"do_resize": False}
+        videos: dict[str, Any] = {"do_sample_frames": False}
+        if not self.video_resizes:
+            videos["do_resize"] = False
+        return {"images_kwargs": images, "videos_kwargs": videos}
+
 
 def vision_geometry(processor: Any) -> VisionGeometry:
     """Read :class:`VisionGeometry` from a loaded HF processor (``AutoProcessor.from_pretrained``)."""
     ip = processor.image_processor
-    name = type(ip).__name__
-    tiling = [a for a in TILING_ATTRS if getattr(ip, a, None)]
-    if tiling:
-        raise UnsupportedGeometry(
-            f"{name} tiles images ({', '.join(f'{a}={getattr(ip, a)!r}' for a in tiling)}): mmrl gives the model "
-            "one resized view, not the tiles it was trained on; switch the tiling off in the checkpoint's "
-            "preprocessor config (or processor_config.json) if the model accepts a single view"
-        )
     size = dict(getattr(ip, "size", None) or {})
-    patch, merge = _int_attr(ip, "patch_size"), _int_attr(ip, "merge_size")
+    patch = _int_attr(ip, "patch_size")
+    # Pixtral (Mistral 3) keeps the merge on the processor
+    merge = _int_attr(ip, "merge_size") or _int_attr(processor, "spatial_merge_size")
     resample = Image.Resampling(int(getattr(ip, "resample", None) or Image.Resampling.BICUBIC))
-    video_factor, temporal = _video(getattr(processor, "video_processor", None))
-    if patch and merge:
+    video_factor, temporal, video_resizes = _video(getattr(processor, "video_processor", None))
+    common = dict(
+        resample=resample, video_factor=video_factor, temporal_patch=temporal, video_resizes=video_resizes
+    )
+    tiling = _tiling(processor, ip)
+    if tiling is None and patch and merge:
+        # Qwen's size bounds are pixel counts (shortest_edge and longest_edge); Pixtral's longest_edge is a side
+        pixels = "shortest_edge" in size or "longest_edge" not in size
         return VisionGeometry(
             factor=patch * merge,
             fixed_size=None,
-            min_pixels=size.get("shortest_edge", getattr(ip, "min_pixels", None)),
-            max_pixels=size.get("longest_edge", getattr(ip, "max_pixels", None)),
-            resample=resample,
-            video_factor=video_factor,
-            temporal_patch=temporal,
+            min_pixels=size.get("shortest_edge", getattr(ip, "min_pixels", None)) if pixels else None,
+            max_pixels=size.get("longest_edge", getattr(ip, "max_pixels", None)) if pixels else None,
+            max_side=None if pixels else int(size["longest_edge"]),
+            **common,
         )
-    if "height" in size and "width" in size:
+    if tiling is None and set(size) == {"height", "width"}:
         return VisionGeometry(
             factor=patch or 1,
             fixed_size=(int(size["width"]), int(size["height"])),
             min_pixels=None,
             max_pixels=None,
-            resample=resample,
-            video_factor=video_factor,
-            temporal_patch=temporal,
+            **common,
         )
-    raise UnsupportedGeometry(
-        f"cannot read the image geometry of {name} (size={size}, patch_size={getattr(ip, 'patch_size', None)!r}, "
-        f"merge_size={getattr(ip, 'merge_size', None)!r}): mmrl supports dynamic-resolution processors (patch_size "
-        "and merge_size) and fixed-size ones (size with height and width)"
+    return VisionGeometry(
+        factor=1, fixed_size=None, min_pixels=None, max_pixels=None, tiling=tiling or "resize", **common
     )
+
+
+def _tiling(processor: Any, ip: Any) -> str | None:
+    """The image processor setting that makes a processor call tile an image into several views, or None. A
+    processor's own call defaults win over its image processor's settings (Gemma3Processor passes
+    ``do_pan_and_scan=False`` unless a call asks), as in transformers' ``ProcessorMixin._merge_kwargs``."""
+    defaults = _call_defaults(processor).get("images_kwargs", {})
+    for attr in TILING_ATTRS:
+        if defaults.get(attr, getattr(ip, attr, None)):
+            return attr
+    # Llama 4 always tiles up to max_patches; GotOcr2 (InternVL) only with crop_to_patches, checked above
+    if not hasattr(ip, "crop_to_patches") and (_int_attr(ip, "max_patches") or 0) > 1:
+        return "max_patches"
+    return None
+
+
+def _call_defaults(processor: Any) -> dict[str, dict[str, Any]]:
+    """What a processor call passes its image and video processors unless told otherwise: the processor's
+    ``images_kwargs``/``videos_kwargs`` attributes (transformers >= 5.23), over the ``_defaults`` of its kwargs class
+    (``<Processor>Kwargs`` in its module, earlier versions)."""
+    import sys
+    import warnings
+
+    module = sys.modules.get(type(processor).__module__)
+    with warnings.catch_warnings():  # transformers >= 5.23 deprecates the kwargs classes it keeps as aliases
+        warnings.simplefilter("ignore", FutureWarning)
+        kwargs_cls = getattr(module, f"{type(processor).__name__}Kwargs", None)
+    out = {
+        k: dict(v) for k, v in (getattr(kwargs_cls, "_defaults", None) or {}).items() if isinstance(v, dict)
+    }
+    for modality in ("images_kwargs", "videos_kwargs"):
+        attr = getattr(type(processor), modality, None)
+        if isinstance(attr, dict):
+            out.setdefault(modality, {}).update(attr)
+    return out
 
 
 def _int_attr(obj: Any, name: str) -> int | None:
     v = getattr(obj, name, None)
+    if isinstance(v, dict) and v.get("height") == v.get("width"):  # Pixtral: patch_size {height, width}
+        v = v.get("height")
     return int(v) if isinstance(v, int) and v > 0 else None
 
 
-def _video(vp: Any) -> tuple[int | None, int | None]:
-    """The video processor's side multiple and temporal patch, or ``(None, None)`` when there is none mmrl can
-    feed (no video processor, or one without patch merging)."""
-    patch, merge = (
-        (_int_attr(vp, "patch_size"), _int_attr(vp, "merge_size")) if vp is not None else (None, None)
-    )
+def _video(vp: Any) -> tuple[int | None, int | None, bool]:
+    """The video processor's side multiple, temporal patch and whether it resizes frames itself; ``(None, None,
+    False)`` when there is no video processor."""
+    if vp is None:
+        return None, None, False
+    patch, merge = _int_attr(vp, "patch_size"), _int_attr(vp, "merge_size")
     if not (patch and merge):
-        return None, None
-    return patch * merge, _int_attr(vp, "temporal_patch_size") or 1
+        return 1, 1, True
+    return patch * merge, _int_attr(vp, "temporal_patch_size") or 1, False
 
 
 def coordinate_frame(model_type: str | None, override: str | None = None) -> str:
@@ -197,8 +279,8 @@ def frame_to_original(
     model saw, used by ``model_pixels`` only)."""
     if frame == "model_pixels":
         return model_to_original(x, y, original_size, model_size)
-    if frame == "relative_1000":
-        return x * original_size[0] / RELATIVE_SCALE, y * original_size[1] / RELATIVE_SCALE
+    if frame in RELATIVE:
+        return x * original_size[0] / RELATIVE[frame], y * original_size[1] / RELATIVE[frame]
     if frame == "original_pixels":
         return float(x), float(y)
     raise ValueError(f"unknown coordinate frame {frame!r} (one of {', '.join(FRAMES)})")
@@ -210,8 +292,8 @@ def original_to_frame(
     """The inverse of :func:`frame_to_original`: original-image pixels as a point in ``frame``."""
     if frame == "model_pixels":
         return original_to_model(x, y, original_size, model_size)
-    if frame == "relative_1000":
-        return x * RELATIVE_SCALE / original_size[0], y * RELATIVE_SCALE / original_size[1]
+    if frame in RELATIVE:
+        return x * RELATIVE[frame] / original_size[0], y * RELATIVE[frame] / original_size[1]
     if frame == "original_pixels":
         return float(x), float(y)
     raise ValueError(f"unknown coordinate frame {frame!r} (one of {', '.join(FRAMES)})")
@@ -305,3 +387,47 @@ class ModelView(NamedTuple):
     def to_frame(self, x: float, y: float, width: int, height: int) -> tuple[float, float]:
         """Original pixels of a ``width x height`` image as a point in the model's frame."""
         return original_to_frame(x, y, self.frame, (width, height), self.model_size(width, height))
+
+
+# ---------------------------------------------------------------------------------------------- language model
+def language_model_prefix(model: Any) -> str:
+    """The module name of the text decoder inside an HF VLM (``model.language_model``, Idefics3's
+    ``model.text_model``, ...): the module ``get_decoder()`` returns, else the first ``language_model`` or
+    ``text_model``. Everything outside it but the output head is the vision side (tower and projector)."""
+    get = getattr(model, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    names = dict(model.named_modules())
+    for name, module in names.items():
+        if name and module is decoder:
+            return name
+    for name in names:
+        if name.rsplit(".", 1)[-1] in ("language_model", "text_model"):
+            return name
+    raise ValueError(
+        f"cannot find the language model inside {type(model).__name__}: no get_decoder() and no module named "
+        "language_model or text_model; set model.lora.target_modules explicitly"
+    )
+
+
+def is_vision_param(name: str, decoder: str) -> bool:
+    """Whether parameter ``name`` belongs to the vision side: neither the text decoder nor the output head."""
+    return not (name.startswith(f"{decoder}.") or name.split(".")[0] == "lm_head")
+
+
+def lora_targets(linears: list[str], decoder: str, vision: bool = False) -> list[str]:
+    """peft's ``target_modules`` for the default LoRA set, as whole module names (a list: peft 0.21 reads a leaf
+    name such as ``down_proj`` in a regex as a fused-expert parameter too, and would adapt the experts): every
+    ``Linear`` of the text decoder by its leaf name (attention, MLP, fused projections such as GLM-4V's
+    ``gate_up_proj``, Qwen3.5's linear-attention ``in_proj_qkv``/``in_proj_z``/``in_proj_b``/``in_proj_a``/
+    ``out_proj``, shared experts and their ``shared_expert_gate``), and with ``vision`` every ``Linear`` of the
+    vision tower and projector too. Fused MoE expert weights are 3-D parameters, not ``Linear`` modules: they stay
+    frozen, and ``model.lora.experts`` is refused (:func:`mmrl.policy.lora_config`)."""
+    text = [n for n in linears if n.startswith(f"{decoder}.")]
+    if not text:
+        raise ValueError(f"no Linear layer under {decoder}: set model.lora.target_modules explicitly")
+    return text + ([n for n in linears if is_vision_param(n, decoder)] if vision else [])
+
+
+def expert_params(model: Any) -> list[str]:
+    """Fused MoE expert weights (3-D parameters under an ``experts`` module) of the model."""
+    return [n for n, p in model.named_parameters() if p.dim() == 3 and ".experts." in f".{n}"]

@@ -56,6 +56,9 @@ class ModelShapes:
     in_channels: int = 3
     max_positions: int = 32768
     linears: tuple[tuple[str, int, int], ...] = ()  # every nn.Linear: (name, in, out), for LoRA
+    decoder: str = (
+        "model.language_model"  # the text decoder's module name (mmrl.families.language_model_prefix)
+    )
     tokens_per_image: int = 0  # a fixed-size tower's tokens per image (Gemma 3: 256); 0: dynamic resolution
     patches_per_image: int = 0  # and the patches its tower sees
 
@@ -104,6 +107,8 @@ def model_shapes(folder: str) -> ModelShapes:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
+    from mmrl.families import language_model_prefix
+
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(config)
@@ -138,6 +143,7 @@ def model_shapes(folder: str) -> ModelShapes:
             for n, m in model.named_modules()
             if isinstance(m, torch.nn.Linear) and m is not head
         ),
+        decoder=language_model_prefix(model),
     )
 
 
@@ -373,7 +379,12 @@ def _adapter_params(shapes: ModelShapes, cfg: Config) -> int:
 def adapted(shapes: ModelShapes, cfg: Config) -> list[tuple[str, int, int]]:
     """The Linear layers peft adapts: a string is a regex that must match the whole name, a list matches name
     suffixes (peft's ``check_target_module_exists``)."""
+    from mmrl.families import lora_targets
+
     target = cfg.model.lora.target_modules
+    if target == "auto":
+        target = lora_targets([x[0] for x in shapes.linears], shapes.decoder, vision=cfg.model.lora.vision)
+        return [x for x in shapes.linears if x[0] in set(target)]
     if isinstance(target, str):
         return [x for x in shapes.linears if re.fullmatch(target, x[0])]
     return [x for x in shapes.linears if any(x[0] == t or x[0].endswith(f".{t}") for t in target)]

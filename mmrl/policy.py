@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -113,6 +114,9 @@ class EncodedPrompt:
     videos: list[Any] = field(default_factory=list)  # [frames, H, W, 3] uint8 arrays, model size
     video_fps: list[float] = field(default_factory=list)
     coordinate_frame: str = "model_pixels"  # the frame points are written in (mmrl.families.coordinate_frame)
+    # what the chat template already wrote of the response: an opened think block (Qwen3.5's generation prompt ends
+    # with "<think>\n"); rewards see it before the completion, so a format check finds the opening tag
+    response_prefix: str = ""
 
 
 def resolve_model_path(path: str) -> str:
@@ -232,8 +236,11 @@ class Policy:
             if conf is not None and isinstance(getattr(conf, "attention_dropout", None), float):
                 conf.attention_dropout = 0.0
         if cfg.freeze_vision or not trainable:
+            from mmrl.families import is_vision_param, language_model_prefix
+
+            decoder = language_model_prefix(model)
             for name, p in model.named_parameters():
-                if not trainable or ".visual." in f".{name}":
+                if not trainable or is_vision_param(name, decoder):
                     p.requires_grad_(False)
         peft_model = None
         if cfg.lora.r > 0 and trainable:
@@ -303,6 +310,21 @@ class Policy:
         return vision_geometry(self.processor)
 
     @cached_property
+    def _dropped_on_decode(self) -> frozenset[int]:
+        """Special tokens a decoded completion leaves out: every special token but markup tags (``<think>``,
+        ``</answer>``: GLM-4.1V's are special tokens, which a plain ``skip_special_tokens`` decode would drop and
+        with them the format a reward checks)."""
+        tok = self.tokenizer
+        special = {i for i, t in tok.added_tokens_decoder.items() if t.special} | set(tok.all_special_ids)
+        tags = {i for i in special if re.fullmatch(r"</?[A-Za-z_]+>", tok.convert_ids_to_tokens(i) or "")}
+        return frozenset(special - tags)
+
+    def decode(self, tokens: list[int]) -> str:
+        """A completion's text: special tokens (stops, padding, control tokens) left out, markup tags kept."""
+        drop = self._dropped_on_decode
+        return self.tokenizer.decode([t for t in tokens if t not in drop], skip_special_tokens=False)
+
+    @cached_property
     def coordinate_frame(self) -> str:
         """The frame this checkpoint writes points and boxes in: ``model.coordinate_frame``, else its family's
         (:func:`mmrl.families.coordinate_frame`)."""
@@ -312,7 +334,8 @@ class Policy:
 
     def encode(self, sample: Sample, extra_messages: list[dict[str, Any]] | None = None) -> EncodedPrompt:
         """Tokenise a sample's chat (plus a generation prompt) with its images and videos, resized to the
-        checkpoint's geometry (:attr:`geometry`) here, so the processor (told not to resize) sees model-size pixels."""
+        checkpoint's geometry (:attr:`geometry`) here, so the processor (told not to resize) sees model-size pixels;
+        a processor that owns its geometry (tiling) gets the images as they are."""
         from mmrl.processors.errors import MediaError
         from mmrl.processors.image import load_image
 
@@ -349,23 +372,33 @@ class Policy:
                 )
                 videos.append(clip.frames)
                 video_meta.append(clip.sample_fps)
-        messages = sample.messages + (extra_messages or [])
+        # string contents as one text part: the processors' canonical form (LLaVA-OneVision's template renders a
+        # plain string as nothing)
+        messages = [
+            {**m, "content": [{"type": "text", "text": m["content"]}]}
+            if isinstance(m.get("content"), str)
+            else m
+            for m in sample.messages + (extra_messages or [])
+        ]
         text = self.processor.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=extra_messages is None
+            messages,
+            tokenize=False,
+            add_generation_prompt=extra_messages is None,
+            **self.cfg.chat_template_kwargs,
         )
         kwargs: dict[str, Any] = {"text": [text], "return_tensors": "pt"}
         bos = self.tokenizer.bos_token
         if bos and text.startswith(bos):  # the template wrote the BOS (Gemma): never a second one
             kwargs["add_special_tokens"] = False
+        media = geo.processor_kwargs()
         if images:
             kwargs["images"] = images
-            kwargs["images_kwargs"] = {"do_resize": False}
+            kwargs["images_kwargs"] = media["images_kwargs"]
         if videos:
             kwargs["videos"] = videos
             # each video carries its own rate: transformers otherwise assumes 24 fps for second_per_grid_ts
             kwargs["videos_kwargs"] = {
-                "do_resize": False,
-                "do_sample_frames": False,
+                **media["videos_kwargs"],
                 "video_metadata": [
                     {"fps": fps, "total_num_frames": len(v), "frames_indices": list(range(len(v)))}
                     for v, fps in zip(videos, video_meta)
@@ -388,6 +421,7 @@ class Policy:
             videos,
             video_meta,
             self.coordinate_frame,
+            _opened_think(text) if extra_messages is None else "",
         )
 
     # ---------------------------------------------------------------- batching
@@ -417,7 +451,9 @@ class Policy:
                     t[i, P - len(p.input_ids) : P] = p.seq[key]
             mm[key] = t.to(self.device)
         for key in sorted({k for p in prompts for k in p.mm}):
-            parts = [p.mm[key] for p in prompts if key in p.mm]
+            parts = _padded(
+                [p.mm[key] for p in prompts if key in p.mm], -1 if key.endswith("position_ids") else 0
+            )
             mm[key] = torch.cat(parts, dim=0).to(self.device)
             if mm[key].is_floating_point():
                 mm[key] = mm[key].to(self.model.dtype)
@@ -440,9 +476,27 @@ class Policy:
         for i, c in enumerate(completions):
             target[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
         with self.autocast():
-            out = self.model.model(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
-        hidden = out.last_hidden_state[:, P - 1 : P + T - 1]  # position P-1+t predicts token P+t
+            last = self._last_hidden(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
+        hidden = last[:, P - 1 : P + T - 1]  # position P-1+t predicts token P+t
         return hidden, target.to(self.device), attn[:, P:].float()
+
+    def _last_hidden(self, **inputs: Any) -> torch.Tensor:
+        """The final hidden states ``[B, L, H]`` (after the last norm, before the head) of a forward with the media:
+        from the model's multimodal backbone (``model.model``) where it has one; else (Llama 4, whose head sits
+        inside its language model) captured from the text decoder's output during a full forward that computes the
+        head's logits at one position only."""
+        backbone = getattr(self.model, "model", None)
+        if backbone is not None:
+            return backbone(**inputs).last_hidden_state
+        captured: list[torch.Tensor] = []
+        decoder = self.model.get_decoder()  # Llama 4: a causal LM whose inner model ends with the final norm
+        decoder = getattr(decoder, "model", None) or decoder
+        hook = decoder.register_forward_hook(lambda _m, _args, out: captured.append(out.last_hidden_state))
+        try:
+            self.model(**inputs, logits_to_keep=1)
+        finally:
+            hook.remove()
+        return captured[-1]
 
     def logprobs(
         self,
@@ -536,7 +590,7 @@ class Policy:
                 (k, v.detach() if gather_dtype(k) is None else v.detach().to(gather_dtype(k)))
                 for k, v in self.model.state_dict().items()
             )
-        return _merge_lora(items, lora, dtype)
+        return _checkpoint_layout(self.model, _merge_lora(items, lora, dtype))
 
     def merged_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """The model's weights in the plain HF layout as one dict (a merged checkpoint), from ``state`` (a sharded
@@ -573,6 +627,45 @@ class Policy:
                 self.model.save_pretrained(path, state_dict=self.merged_state_dict(state_dict))
             return
         self.model.save_pretrained(path, **({} if state_dict is None else {"state_dict": state_dict}))
+
+
+def _checkpoint_layout(
+    model: Any, items: Iterable[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``items`` (in-memory names) in the checkpoint's layout, as ``save_pretrained`` writes it: transformers 5
+    converts some families' weights on loading (LLaVA-OneVision's ``vision_tower.vision_model.*`` lives in memory as
+    ``model.vision_tower.*``) and reverts the conversion on saving (``revert_weight_conversion``); an engine that
+    loads checkpoints (vLLM) expects the saved layout. Reverted tensor by tensor, so nothing is gathered; a tensor
+    whose conversion needs others (none of the supported families has one) keeps its in-memory name."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    for key, tensor in items:
+        try:
+            yield from revert_weight_conversion(model, {key: tensor}).items()
+        except Exception:  # noqa: BLE001  (a many-to-one conversion: the engine gets the in-memory name)
+            yield key, tensor
+
+
+def _opened_think(text: str) -> str:
+    """The think block a generation prompt leaves open (``<think>`` and the whitespace after it), else ``""``."""
+    m = re.search(r"<think>\s*$", text)
+    return m.group(0) if m else ""
+
+
+def _padded(parts: list[torch.Tensor], fill: int = 0) -> list[torch.Tensor]:
+    """Prompts' media tensors padded past dim 0 to a common shape with ``fill``, as the processors pad a batch
+    themselves (tiles per image in Idefics3 and LLaVA-OneVision with zeros, image sides in Pixtral, Gemma 4's patch
+    positions with -1): the models find the real extent from the masks, sizes and positions that come with them, or
+    drop all-zero tiles."""
+    if len({t.shape[1:] for t in parts}) <= 1:
+        return parts
+    shape = [max(t.shape[d] for t in parts) for d in range(1, parts[0].dim())]
+    out = []
+    for t in parts:
+        pad = t.new_full((t.shape[0], *shape), fill)
+        pad[tuple(slice(0, n) for n in t.shape)] = t
+        out.append(pad)
+    return out
 
 
 def _lora_layers(model: torch.nn.Module) -> dict[str, Any]:
@@ -652,7 +745,6 @@ class _Scoring(torch.nn.Module):
 
 def _add_lora(model: Any, cfg: ModelConfig, adapter: Path | None) -> Any:
     """Inject LoRA adapters into ``model`` in place (fresh, or loaded from a checkpoint's ``adapter/``)."""
-    from peft import LoraConfig as PeftLoraConfig
     from peft import PeftModel, get_peft_model
 
     if adapter is not None:
@@ -661,8 +753,32 @@ def _add_lora(model: Any, cfg: ModelConfig, adapter: Path | None) -> Any:
                 f"LoRA checkpoint without an adapter: {adapter} (was it saved with model.lora.r > 0?)"
             )
         return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+    return get_peft_model(model, lora_config(model, cfg))
+
+
+def lora_config(model: Any, cfg: ModelConfig) -> Any:
+    """peft's ``LoraConfig`` for ``model.lora``; ``target_modules: auto`` is read from the model's module names
+    (:func:`mmrl.families.lora_targets`)."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    from mmrl.families import expert_params, language_model_prefix, lora_targets
+
     lo = cfg.lora
-    conf = PeftLoraConfig(
-        r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout, target_modules=lo.target_modules
-    )
-    return get_peft_model(model, conf)
+    experts = expert_params(model)
+    if lo.experts:
+        raise ValueError(
+            f"model.lora.experts: {type(model).__name__} has {len(experts)} fused MoE expert weights "
+            f"({experts[0] if experts else 'none'}, ...); peft adapts such 3-D parameters only through "
+            "target_parameters, whose adapters mmrl cannot merge into the vLLM engine or a merged checkpoint. "
+            "Set model.lora.experts: false (the experts stay frozen; attention, shared experts and dense MLPs get "
+            "adapters) or train the full model (model.lora.r: 0)"
+        )
+    target = lo.target_modules
+    if target == "auto":
+        head = model.get_output_embeddings()
+        # plain Linears only: a subclass with its own forward (Llama 4's router returns a tuple) is not a projection
+        linears = [n for n, m in model.named_modules() if type(m) is torch.nn.Linear and m is not head]
+        target = lora_targets(linears, language_model_prefix(model), vision=lo.vision)
+    if experts:
+        log.info("LoRA: %d fused MoE expert weights stay frozen (model.lora.experts)", len(experts))
+    return PeftLoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout, target_modules=target)

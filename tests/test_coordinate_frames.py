@@ -28,9 +28,22 @@ ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {  # family -> the frame its release answers in
     "qwen2_5_vl": "model_pixels",
     "qwen3_vl": "relative_1000",
+    "qwen3_vl_moe": "relative_1000",
     "qwen3_5": "relative_1000",
+    "qwen3_5_moe": "relative_1000",
     "gemma3": "model_pixels",  # no documented grounding format: the default, an assumption
+    "gemma4": "model_pixels",  # (an assumption, as every model_pixels row below but Qwen2.5-VL's)
+    "glm4v": "relative_1000",
+    "glm4v_moe": "relative_1000",
+    "internvl": "relative_1000",
+    "llava_onevision": "relative_1",
+    "idefics3": "model_pixels",
+    "smolvlm": "model_pixels",
+    "mistral3": "model_pixels",
+    "llama4": "model_pixels",
 }
+# decimals a response writes in each frame (LLaVA's 0-1 boxes carry 3)
+DIGITS = {"relative_1": 3}
 SCREENS = [(1080, 2400), (1920, 1080), (800, 800)]  # (w, h): phone, desktop, square
 BUDGET = (3136, 1280 * 28 * 28)  # a real run's pixel budget (mapping only; nothing is encoded at this size)
 TARGETS = [(0.37, 0.61), (0.05, 0.93), (0.9, 0.02)]  # fractions of the width and height
@@ -69,22 +82,22 @@ def test_a_click_in_the_family_frame_maps_back_and_hits(tiny_family, family, siz
     meta = view.metadata(w, h)
     assert meta["coordinate_frame"] == FAMILIES[family] and meta["model_image_sizes"] == [list(model)]
     # one frame unit in original pixels: what writing whole numbers in the frame may cost, half of it at most
+    d = DIGITS.get(view.frame, 0)
     unit = (w / model[0], h / model[1]) if view.frame == "model_pixels" else (w / 1000, h / 1000)
     for fx, fy in TARGETS:
         ox, oy = fx * w, fy * h
         x, y = view.to_frame(ox, oy, w, h)
         assert frame_to_original(x, y, view.frame, (w, h), model) == pytest.approx((ox, oy), abs=1e-6)
-        back = frame_to_original(round(x, 1), round(y, 1), view.frame, (w, h), model)
+        back = frame_to_original(round(x, d + 1), round(y, d + 1), view.frame, (w, h), model)
         assert abs(back[0] - ox) <= 1 and abs(back[1] - oy) <= 1
-        back = frame_to_original(round(x), round(y), view.frame, (w, h), model)
+        back = frame_to_original(round(x, d), round(y, d), view.frame, (w, h), model)
         assert abs(back[0] - ox) <= unit[0] / 2 + 1e-9 and abs(back[1] - oy) <= unit[1] / 2 + 1e-9
         box = [ox - 20, oy - 20, ox + 20, oy + 20]  # a 40 px button around the target
         far = view.to_frame(ox + 100 if ox + 100 < w else ox - 100, oy, w, h)  # 80 px beside the box
+        hit_xy, far_xy = (round(x, d), round(y, d)), (round(far[0], d), round(far[1], d))
         batch = [
-            RewardInput("hit", _click(round(x), round(y)), {"action": "click", "bbox": box}, metadata=meta),
-            RewardInput(
-                "miss", _click(round(far[0]), round(far[1])), {"action": "click", "bbox": box}, metadata=meta
-            ),
+            RewardInput("hit", _click(*hit_xy), {"action": "click", "bbox": box}, metadata=meta),
+            RewardInput("miss", _click(*far_xy), {"action": "click", "bbox": box}, metadata=meta),
         ]
         hit, miss = gui_action(batch)
         assert hit.parts["coord"] == 1.0 and hit.score == 3.0
@@ -98,7 +111,7 @@ def test_a_box_in_the_family_frame_is_the_annotated_region(tiny_family, family, 
     region = [0.2 * w, 0.3 * h, 0.55 * w, 0.5 * h]
     x1, y1 = view.to_frame(region[0], region[1], w, h)
     x2, y2 = view.to_frame(region[2], region[3], w, h)
-    mark = [round(v, 1) for v in (x1, y1, x2, y2)]
+    mark = [round(v, DIGITS.get(view.frame, 0) + 1) for v in (x1, y1, x2, y2)]
     response = f"<think>t</think><answer>tumour <box>{mark}</box></answer>"
     meta = {**view.metadata(w, h), "region": region, "question_type": "open"}
     (res,) = pathology([RewardInput("p", response, "tumour", metadata=meta)])
@@ -122,23 +135,22 @@ def test_the_screenspot_scorer_agrees_with_the_reward(tiny_family, family):
         )
         ox, oy = bbox[0] + 30, bbox[1] + 15
         x, y = view.to_frame(ox, oy, w, h)
-        score = bench.judge(item, bench.extract(item, f"({round(x)}, {round(y)})"))
+        x, y = round(x, DIGITS.get(view.frame, 0)), round(y, DIGITS.get(view.frame, 0))
+        score = bench.judge(item, bench.extract(item, f"({x}, {y})"))
         assert score.correct
         meta = view.metadata(w, h)
         (reward,) = gui_action(
             [
                 RewardInput(
                     "s",
-                    _click(round(x), round(y)),
+                    _click(x, y),
                     {"action": "click", "bbox": bbox[:2] + [bbox[0] + 60, bbox[1] + 30]},
                     metadata=meta,
                 )
             ]
         )
         assert reward.parts["coord"] == 1.0
-        mapped = frame_to_original(
-            round(x), round(y), FAMILIES[family], (w, h), tuple(meta["model_image_sizes"][0])
-        )
+        mapped = frame_to_original(x, y, FAMILIES[family], (w, h), tuple(meta["model_image_sizes"][0]))
         assert score.normalized == pytest.approx(list(mapped), abs=1e-9)
 
 

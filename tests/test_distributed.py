@@ -55,6 +55,7 @@ with pol.training():
 if dist.is_main:
     torch.save({"weights": {k: v.detach().clone() for k, v in pol.model.state_dict().items()}, "stats": stats},
                f"{out}/result-{world}.pt")
+dist.close()  # as the trainer ends: meet, then destroy the groups while Python is alive
 """
 
 

@@ -157,5 +157,5 @@ class HFEngine:
         end = next((j + 1 for j, t in enumerate(tokens) if t in eos), None)
         reason = "stop" if end is not None else "length"
         tokens, logps = (tokens[:end], logps[:end]) if end is not None else (tokens, logps)
-        text = self.policy.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = self.policy.decode(tokens)
         return Completion(token_ids=tokens, text=text, logprobs=logps, finish_reason=reason)

