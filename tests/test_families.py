@@ -476,3 +476,19 @@ def test_mmrl_eval_on_non_square_screenshots(family, tiny_family, tmp_path):
     rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     metrics = json.loads((out / "metrics.json").read_text())
     assert len(rows) == metrics["items"] >= 3 and all(isinstance(r["correct"], (bool, float)) for r in rows)
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5", "glm4v", "internvl"])
+def test_an_image_in_the_system_turn(family, policy, images):
+    """A reference image in the system message (templates that render system content as parts): both images are
+    encoded in order, each with its own token count, and the model scores the prompt."""
+    pol = policy(family)
+    a, b = images[SIZES[0]], images[SIZES[1]]
+    system = {"role": "system", "content": [{"type": "image"}, {"type": "text", "text": "The reference."}]}
+    user = {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Same shape?"}]}
+    both = pol.encode(Sample("s", [system, user], images=[a, b]))
+    alone = [pol.encode(_sample("s", [p])) for p in (a, b)]
+    count = [int((p.input_ids == _image_token_id(pol)).sum()) for p in [both, *alone]]
+    assert count[0] == count[1] + count[2] > 0 and both.image_sizes == [SIZES[0], SIZES[1]]
+    with torch.no_grad():
+        assert torch.isfinite(pol.logprobs([both], [[5, 6]])[0]).all()
