@@ -26,7 +26,7 @@ from multiproc import BASE_ENV, WALL_CLOCK, shapes_run_config, torchrun
 from mmrl.checks import check_components
 from mmrl.config import ConfigError, LoraConfig, ModelConfig, load_config
 from mmrl.logging import read_metrics
-from mmrl.policy import EncodedPrompt, Policy
+from mmrl.policy import EncodedPrompt, Policy, _checkpoint_layout
 from mmrl.rollout import ENGINES
 from mmrl.rollout import vllm as vllm_engine
 
@@ -224,7 +224,8 @@ def test_streamed_weights_come_one_at_a_time_in_the_engine_dtype_with_lora_merge
 ):
     """Each plain tensor is handed over right after it is read; a LoRA layer's merged weight as soon as its own
     tensors (and the next key, which shows the layer is complete) are read: nothing is collected up front. The
-    names are the plain HF model's, in its order, and the values are the merged model's rounded once to bf16."""
+    names are the plain HF model's in its order, written as its checkpoint names them, and the values are the merged
+    model's rounded once to bf16."""
     pol = lora_policy
     state = pol.model.state_dict()
     keys = list(state)
@@ -238,8 +239,13 @@ def test_streamed_weights_come_one_at_a_time_in_the_engine_dtype_with_lora_merge
 
     monkeypatch.setattr(pol.model, "state_dict", lambda: Recording(state))
     merged = pol.merged_state_dict(dict(state))
+    # the engine gets the checkpoint's names (save_pretrained's layout: Qwen2.5-VL's visual.*, model.layers.*)
+    saved = [n for n, _ in _checkpoint_layout(pol.model, merged.items())]
+    assert len(saved) == len(merged) and "visual.patch_embed.proj.weight" in saved
+    in_memory = dict(zip(saved, merged))
     seen = []
-    for name, t in pol.stream_weights(torch.bfloat16):
+    for saved_name, t in pol.stream_weights(torch.bfloat16):
+        name = in_memory[saved_name]
         assert t.dtype == torch.bfloat16
         assert torch.equal(t, merged[name].to(torch.bfloat16)), name
         if name in state:  # a plain tensor: read just now
