@@ -298,9 +298,12 @@ def train_tokenizer(
     chat_template: str = QWEN25_VL_CHAT_TEMPLATE,
     tokenizer_cls: type = Qwen2Tokenizer,
     split_regex: str = QWEN2_SPLIT_REGEX,
+    specials: tuple[str, ...] = QWEN_SPECIAL_TOKENS,
+    extra_specials: tuple[str, ...] = QWEN_SPECIAL_TOKENS[1:],
 ) -> Any:
     """Byte-level BPE over ``tokenizer_corpus()`` with Qwen2's pipeline, wrapped as transformers' Qwen2Tokenizer
-    (``tokenizer_cls``).
+    (``tokenizer_cls``), with ``specials`` added after the BPE vocabulary in their order (``extra_specials`` of them
+    listed as the tokenizer config's extra special tokens) and :data:`FORMAT_TAGS` as ordinary added tokens.
 
     The other Qwen families (:mod:`mmrl.tiny_families`) pass their own template, tokenizer class and split regex
     (Qwen3.5's also keeps combining marks with letters); the special tokens are the same strings in the same order.
@@ -336,10 +339,10 @@ def train_tokenizer(
         model_max_length=TEXT_ARCH["max_position_embeddings"],
     )
     tokenizer.add_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL_TOKENS], special_tokens=True
+        [AddedToken(t, special=True, normalized=False) for t in specials], special_tokens=True
     )
     # As in the released tokenizer_config.json: all Qwen specials but <|endoftext|> are listed as extra specials.
-    tokenizer.add_special_tokens({"extra_special_tokens": list(QWEN_SPECIAL_TOKENS[1:])})
+    tokenizer.add_special_tokens({"extra_special_tokens": list(extra_specials)})
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in FORMAT_TAGS])
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.pad_token = "<|endoftext|>"

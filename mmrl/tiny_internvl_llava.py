@@ -43,7 +43,6 @@ The LLaVA-OneVision model is handed back reloaded from the released key layout (
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -186,33 +185,14 @@ def internvl_tokenizer() -> Any:
 
 
 def llava_onevision_tokenizer() -> Any:
-    """Qwen2-Instruct's tokenizer (three special tokens) with ``<image>`` and ``<video>``, over the BPE of
+    """Qwen2-Instruct's tokenizer (three special tokens; Qwen2-Instruct's tokenizer_config lists <|im_start|> and
+    <|im_end|> as additional special tokens) with ``<image>`` and ``<video>``, over the BPE of
     :func:`mmrl.tiny.train_tokenizer` (whose Qwen2.5-VL special tokens Qwen2 does not have)."""
-    from transformers import Qwen2Tokenizer
-
-    from mmrl.tiny import TEXT_ARCH
-
-    trained = json.loads(train_tokenizer(LLAVA_OV_CHAT_TEMPLATE).backend_tokenizer.to_str())["model"]
-    tokenizer = Qwen2Tokenizer(
-        vocab=trained["vocab"],
-        merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]],
-        unk_token=None,
-        bos_token=None,
-        eos_token=None,
-        pad_token=None,
-        model_max_length=TEXT_ARCH["max_position_embeddings"],
+    return train_tokenizer(
+        LLAVA_OV_CHAT_TEMPLATE,
+        specials=LLAVA_OV_QWEN2_TOKENS + LLAVA_OV_MEDIA_TOKENS,
+        extra_specials=LLAVA_OV_QWEN2_TOKENS[1:],
     )
-    specials = LLAVA_OV_QWEN2_TOKENS + LLAVA_OV_MEDIA_TOKENS
-    tokenizer.add_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in specials], special_tokens=True
-    )
-    # Qwen2-Instruct's tokenizer_config lists <|im_start|> and <|im_end|> as additional special tokens
-    tokenizer.add_special_tokens({"extra_special_tokens": list(LLAVA_OV_QWEN2_TOKENS[1:])})
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in FORMAT_TAGS])
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.pad_token = "<|endoftext|>"
-    tokenizer.chat_template = LLAVA_OV_CHAT_TEMPLATE
-    return tokenizer
 
 
 def _text_config(tokenizer: Any) -> dict[str, Any]:

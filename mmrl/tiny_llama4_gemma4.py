@@ -586,7 +586,7 @@ def expected_image_features(processor: Any, width: int, height: int, **overrides
             height, width, patch, pool, overrides.get("max_soft_tokens", ip.max_soft_tokens)
         )
         return (h // patch) * (w // patch) // pool**2
-    raise NotImplementedError(name)
+    raise ValueError(f"expected_image_features: {name} is neither Llama4Processor nor Gemma4Processor")
 
 
 def expected_image_tokens(processor: Any, width: int, height: int, **overrides: Any) -> int:
