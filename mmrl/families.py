@@ -431,3 +431,24 @@ def lora_targets(linears: list[str], decoder: str, vision: bool = False) -> list
 def expert_params(model: Any) -> list[str]:
     """Fused MoE expert weights (3-D parameters under an ``experts`` module) of the model."""
     return [n for n, p in model.named_parameters() if p.dim() == 3 and ".experts." in f".{n}"]
+
+
+def release_transposes(model: Any) -> list[tuple[str, int, int]]:
+    """``(pattern, dim0, dim1)`` of weights whose released layout is the in-memory one transposed, read from
+    transformers' conversion mapping: its shape-checked ``Transpose`` converters (Qwen3-VL-MoE's fused experts:
+    ``gate_up_proj`` and ``down_proj`` are stored [experts, in, out] at release, [experts, out, in] in memory).
+    transformers' own ``save_pretrained`` never transposes them back (the check compares a tensor with the model's
+    own parameter, which always matches), so its saves are not in the release layout, while vLLM reads only that."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import Transpose, WeightConverter
+    except ImportError:  # a transformers without conversion mappings
+        return []
+    out = []
+    for conv in get_model_conversion_mapping(model, add_legacy=False):
+        ops = getattr(conv, "operations", None) or []
+        if not isinstance(conv, WeightConverter) or not ops:
+            continue
+        if all(isinstance(op, Transpose) and getattr(op, "check_dims", False) for op in ops) and len(ops) == 1:
+            out += [(str(p), ops[0].dim0, ops[0].dim1) for p in conv.target_patterns]
+    return out

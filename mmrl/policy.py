@@ -636,14 +636,24 @@ def _checkpoint_layout(
     converts some families' weights on loading (LLaVA-OneVision's ``vision_tower.vision_model.*`` lives in memory as
     ``model.vision_tower.*``) and reverts the conversion on saving (``revert_weight_conversion``); an engine that
     loads checkpoints (vLLM) expects the saved layout. Reverted tensor by tensor, so nothing is gathered; a tensor
-    whose conversion needs others (none of the supported families has one) keeps its in-memory name."""
+    whose conversion needs others (none of the supported families has one) keeps its in-memory name. Weights whose
+    release layout is transposed (:func:`mmrl.families.release_transposes`: Qwen3-VL-MoE's experts) are transposed
+    here, since transformers' revert leaves them as they are in memory."""
     from transformers.core_model_loading import revert_weight_conversion
 
+    from mmrl.families import release_transposes
+
+    transposes = [(re.compile(p), d0, d1) for p, d0, d1 in release_transposes(model)]
     for key, tensor in items:
         try:
-            yield from revert_weight_conversion(model, {key: tensor}).items()
+            reverted = revert_weight_conversion(model, {key: tensor}).items()
         except Exception:  # noqa: BLE001  (a many-to-one conversion: the engine gets the in-memory name)
-            yield key, tensor
+            reverted = [(key, tensor)]
+        for name, t in reverted:
+            for pattern, d0, d1 in transposes:
+                if pattern.search(name) and t.shape == model.get_parameter(key).shape:
+                    t = t.transpose(d0, d1).contiguous()
+            yield name, t
 
 
 def _opened_think(text: str) -> str:

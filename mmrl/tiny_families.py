@@ -138,7 +138,9 @@ QWEN3_VL_TEXT = {
         "mrope_interleaved": True,
     },
 }
-QWEN3_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+# expert width 16: a fused gate_up_proj of 2 x 16 by 64 is not square, so transformers can tell the released layout
+# of Qwen3-VL-MoE's experts from its own when it loads them (mmrl.families.release_transposes)
+QWEN3_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
 QWEN3_VISION = {
     "depth": 2,
     "hidden_size": 32,
@@ -433,6 +435,7 @@ def save_family_checkpoint(family: str, out: Path, seed: int, title: str) -> Non
     """Build ``family`` and save it (model, processor, model card) into the empty folder ``out``."""
     model, processor, eos, specials = build_family(family, seed)
     model.save_pretrained(out)
+    _to_release_layout(model, out)
     processor.save_pretrained(out)
     files = sorted(p for p in out.iterdir() if p.is_file())
     tok = processor.tokenizer
@@ -478,6 +481,28 @@ def save_family_checkpoint(family: str, out: Path, seed: int, title: str) -> Non
         ),
     )
     (out / "README.md").write_text(card)
+
+
+def _to_release_layout(model: Any, out: Path) -> None:
+    """Rewrite the saved weights that transformers keeps transposed from their release layout
+    (:func:`mmrl.families.release_transposes`) as released, which is what vLLM reads; transformers transposes them
+    back when it loads the folder."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    from mmrl.families import release_transposes
+
+    transposes = release_transposes(model)
+    if not transposes:
+        return
+    for f in sorted(out.glob("*.safetensors")):
+        state = load_file(f)
+        for key, t in state.items():
+            for pattern, d0, d1 in transposes:
+                if re.search(pattern, key):
+                    state[key] = t.transpose(d0, d1).contiguous()
+        save_file(state, f, metadata={"format": "pt"})
 
 
 def _arch(conf: Any) -> dict[str, Any]:

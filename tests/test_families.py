@@ -492,3 +492,24 @@ def test_an_image_in_the_system_turn(family, policy, images):
     assert count[0] == count[1] + count[2] > 0 and both.image_sizes == [SIZES[0], SIZES[1]]
     with torch.no_grad():
         assert torch.isfinite(pol.logprobs([both], [[5, 6]])[0]).all()
+
+
+def test_qwen3_vl_moe_experts_are_saved_and_streamed_as_released(tiny_family):
+    """Qwen3-VL-MoE's fused experts are stored transposed at release ([experts, in, out]), which vLLM reads;
+    transformers keeps them [experts, out, in] and its save_pretrained does not transpose back. The tiny checkpoint
+    is written as released, loads back to the same weights, and the engine's weight stream sends the file's layout."""
+    from safetensors.torch import load_file
+
+    from mmrl.families import release_transposes
+
+    path = tiny_family("qwen3_vl_moe")
+    saved = load_file(path / "model.safetensors")
+    pol = Policy.from_pretrained(ModelConfig(path=str(path)), trainable=False)
+    assert [p for p, _, _ in release_transposes(pol.model)] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    experts = {k: v for k, v in saved.items() if ".experts." in k}
+    assert len(experts) == 4
+    memory = pol.model.state_dict()
+    for key, t in experts.items():
+        assert torch.equal(memory[key], t.transpose(1, 2))  # loaded back into transformers' layout
+    streamed = {k: v for k, v in pol.stream_weights() if ".experts." in k}
+    assert streamed.keys() == experts.keys() and all(torch.equal(streamed[k], experts[k]) for k in experts)
