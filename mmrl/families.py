@@ -449,6 +449,9 @@ def release_transposes(model: Any) -> list[tuple[str, int, int]]:
         ops = getattr(conv, "operations", None) or []
         if not isinstance(conv, WeightConverter) or not ops:
             continue
-        if all(isinstance(op, Transpose) and getattr(op, "check_dims", False) for op in ops) and len(ops) == 1:
+        if (
+            all(isinstance(op, Transpose) and getattr(op, "check_dims", False) for op in ops)
+            and len(ops) == 1
+        ):
             out += [(str(p), ops[0].dim0, ops[0].dim1) for p in conv.target_patterns]
     return out

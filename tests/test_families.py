@@ -505,7 +505,10 @@ def test_qwen3_vl_moe_experts_are_saved_and_streamed_as_released(tiny_family):
     path = tiny_family("qwen3_vl_moe")
     saved = load_file(path / "model.safetensors")
     pol = Policy.from_pretrained(ModelConfig(path=str(path)), trainable=False)
-    assert [p for p, _, _ in release_transposes(pol.model)] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    assert [p for p, _, _ in release_transposes(pol.model)] == [
+        "mlp.experts.gate_up_proj",
+        "mlp.experts.down_proj",
+    ]
     experts = {k: v for k, v in saved.items() if ".experts." in k}
     assert len(experts) == 4
     memory = pol.model.state_dict()
