@@ -757,13 +757,38 @@ def _add_lora(model: Any, cfg: ModelConfig, adapter: Path | None) -> Any:
     """Inject LoRA adapters into ``model`` in place (fresh, or loaded from a checkpoint's ``adapter/``)."""
     from peft import PeftModel, get_peft_model
 
-    if adapter is not None:
-        if not (adapter / "adapter_config.json").is_file():
-            raise FileNotFoundError(
-                f"LoRA checkpoint without an adapter: {adapter} (was it saved with model.lora.r > 0?)"
-            )
-        return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
-    return get_peft_model(model, lora_config(model, cfg))
+    with _native_peft_targets():
+        if adapter is not None:
+            if not (adapter / "adapter_config.json").is_file():
+                raise FileNotFoundError(
+                    f"LoRA checkpoint without an adapter: {adapter} (was it saved with model.lora.r > 0?)"
+                )
+            return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
+        return get_peft_model(model, lora_config(model, cfg))
+
+
+@contextmanager
+def _native_peft_targets():
+    """Keep peft from rewriting mmrl's LoRA targets as transformers-v4 MoE names.
+
+    peft (0.19-0.21) converts every LoRA config it injects as if it were written for transformers v4: on a model
+    whose conversion mapping fused the experts (GLM-4.5V, Qwen3-MoE and the other ``qwen2_moe``-mapped types) any
+    target ending in ``.gate_proj``/``.up_proj``/``.down_proj`` is taken for a v4 expert, dropped from
+    ``target_modules`` and turned into the fused ``target_parameters``: GLM-4.5V's dense first MLP and its shared
+    experts then get no adapter, and the frozen experts get one (huggingface/peft#3711, open). mmrl's targets are
+    whole module names of the loaded v5 model, and its saved adapters are v5 ones, so there is nothing to convert:
+    the conversion is switched off while mmrl injects or loads an adapter."""
+    try:
+        from peft.utils import transformers_weight_conversion as conv
+    except ImportError:  # a peft without the v4 -> v5 conversion
+        yield
+        return
+    original = conv.convert_peft_config_for_transformers
+    conv.convert_peft_config_for_transformers = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        conv.convert_peft_config_for_transformers = original
 
 
 def lora_config(model: Any, cfg: ModelConfig) -> Any:

@@ -55,6 +55,7 @@ from transformers import (
 DEFAULT_OUT_DIR = "assets/tiny-qwen2.5-vl"
 # Families `mmrl build-tiny --family` builds: this module's Qwen2.5-VL, and the others of mmrl.tiny_families.
 FAMILIES = (
+    "qwen2_vl",
     "qwen2_5_vl",
     "qwen3_vl",
     "qwen3_vl_moe",
@@ -91,6 +92,8 @@ QWEN_SPECIAL_TOKENS = (
 )
 # Format tags of the reasoning rewards: ordinary added tokens, so each is one token and survives skip_special_tokens.
 FORMAT_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+# Qwen3's tool tags: ordinary added tokens before <think> in the real vocabulary (151657, 151658, 151665, 151666)
+QWEN3_TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 BPE_VOCAB_SIZE = 3000  # target of the BPE trainer, 256 byte symbols included; added tokens come on top
 # Qwen2's pre-tokenisation regex (transformers' Qwen2Tokenizer / the released tokenizer.json).
@@ -300,10 +303,12 @@ def train_tokenizer(
     split_regex: str = QWEN2_SPLIT_REGEX,
     specials: tuple[str, ...] = QWEN_SPECIAL_TOKENS,
     extra_specials: tuple[str, ...] = QWEN_SPECIAL_TOKENS[1:],
+    added: tuple[str, ...] = FORMAT_TAGS,
 ) -> Any:
     """Byte-level BPE over ``tokenizer_corpus()`` with Qwen2's pipeline, wrapped as transformers' Qwen2Tokenizer
     (``tokenizer_cls``), with ``specials`` added after the BPE vocabulary in their order (``extra_specials`` of them
-    listed as the tokenizer config's extra special tokens) and :data:`FORMAT_TAGS` as ordinary added tokens.
+    listed as the tokenizer config's extra special tokens) and ``added`` (:data:`FORMAT_TAGS`; Qwen3's tool tags
+    before them) as ordinary added tokens.
 
     The other Qwen families (:mod:`mmrl.tiny_families`) pass their own template, tokenizer class and split regex
     (Qwen3.5's also keeps combining marks with letters); the special tokens are the same strings in the same order.
@@ -343,7 +348,7 @@ def train_tokenizer(
     )
     # As in the released tokenizer_config.json: all Qwen specials but <|endoftext|> are listed as extra specials.
     tokenizer.add_special_tokens({"extra_special_tokens": list(extra_specials)})
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in FORMAT_TAGS])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.pad_token = "<|endoftext|>"
     tokenizer.chat_template = chat_template

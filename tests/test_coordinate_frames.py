@@ -1,5 +1,5 @@
 """Coordinate frames of grounding rewards, per family (:mod:`mmrl.families`): a point or a box the model writes in its
-family's frame (Qwen2.5-VL: pixels of the resized image; Qwen3-VL and Qwen3.5: 0-1000; Gemma 3: model pixels, an
+family's frame (Qwen2-VL: 0-1000; Qwen2.5-VL: pixels of the resized image; Qwen3-VL and Qwen3.5: 0-1000; Gemma 3: model pixels, an
 assumption) maps back onto the original screenshot, for the GUI reward, the pathology region IoU and the ScreenSpot
 scorer alike, on screenshot-like sizes of several aspect ratios; ``model.coordinate_frame`` overrides the family's.
 
@@ -26,6 +26,7 @@ from mmrl.types import RewardInput, Sample
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = {  # family -> the frame its release answers in
+    "qwen2_vl": "relative_1000",  # <|box_start|>(x1,y1),(x2,y2)<|box_end|> in [0, 1000)
     "qwen2_5_vl": "model_pixels",
     "qwen3_vl": "relative_1000",
     "qwen3_vl_moe": "relative_1000",
@@ -65,6 +66,9 @@ def _click(x: float, y: float) -> str:
 
 
 def test_the_family_frame_is_read_from_the_checkpoint(tiny_family):
+    from mmrl.tiny import FAMILIES as BUILT
+
+    assert set(FAMILIES) == set(BUILT)  # every family build-tiny makes is tested here
     for family, frame in FAMILIES.items():
         model_type = json.loads((tiny_family(family) / "config.json").read_text())["model_type"]
         assert coordinate_frame(model_type) == frame == _view(tiny_family, family).frame

@@ -516,3 +516,116 @@ def test_qwen3_vl_moe_experts_are_saved_and_streamed_as_released(tiny_family):
         assert torch.equal(memory[key], t.transpose(1, 2))  # loaded back into transformers' layout
     streamed = {k: v for k, v in pol.stream_weights() if ".experts." in k}
     assert streamed.keys() == experts.keys() and all(torch.equal(streamed[k], experts[k]) for k in experts)
+
+
+ZOOM_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "zoom",
+        "description": "Crop the image to a box and return it at full resolution.",
+        "parameters": {
+            "type": "object",
+            "properties": {k: {"type": "integer"} for k in ("x1", "y1", "x2", "y2")},
+            "required": ["x1", "y1", "x2", "y2"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+def test_an_image_in_a_tool_turn(family, images, tiny_family):
+    """An agent turn: the user's image, the assistant's tool call, the tool's result carrying a new image (the zoom
+    crop). The templates render the call and the result (Qwen3's inside <tool_response>, one token each side), both
+    images are encoded in order with their own token counts, and the HF engine's log-probs after the tool turn equal
+    the training forward's with gradients in the vision tower."""
+    path = tiny_family(family)
+    lo, hi = BUDGET[vision_geometry(_processor(path)).factor]
+    kwargs = {"tools": [ZOOM_TOOL]} if family.startswith("qwen3") else {}
+    pol = Policy.from_pretrained(
+        ModelConfig(path=str(path), min_pixels=lo, max_pixels=hi, chat_template_kwargs=kwargs)
+    )
+    a, b = images[SIZES[1]], images[SIZES[0]]
+    call = {
+        "type": "function",
+        "function": {"name": "zoom", "arguments": {"x1": 0, "y1": 0, "x2": 100, "y2": 60}},
+    }
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image"}, {"type": "text", "text": "What colour is the left half?"}],
+        },
+        {"role": "assistant", "content": "I zoom in.", "tool_calls": [call]},
+        {"role": "tool", "content": [{"type": "image"}, {"type": "text", "text": "the crop"}]},
+    ]
+    both = pol.encode(Sample("tool", messages, images=[a, b]))
+    alone = [pol.encode(_sample("s", [p])) for p in (a, b)]
+    image_id = _image_token_id(pol)
+    count = [int((p.input_ids == image_id).sum()) for p in [both, *alone]]
+    assert count[0] == count[1] + count[2] > 0 and both.image_sizes == [SIZES[1], SIZES[0]]
+    ids = both.input_ids.tolist()
+    first_b = ids.index(image_id, ids.index(image_id) + count[1])  # the crop's tokens come after the call
+    if family.startswith("qwen3"):
+        tok = pol.tokenizer
+        assert '"name": "zoom"' in both.text or "<function=zoom>" in both.text
+        tags = tok.convert_tokens_to_ids(["<tool_call>", "<tool_response>", "</tool_response>"])
+        assert ids.index(tags[0]) < ids.index(tags[1]) < first_b < ids.index(tags[2])
+    else:  # Qwen2-VL's template: a plain "tool" turn
+        assert "<|im_start|>tool\n" in both.text
+    torch.manual_seed(0)
+    comps = HFEngine(pol).generate([both], SamplingParams(n=2, temperature=1.0, max_new_tokens=6))[0]
+    with pol.training():
+        lp, _, mask = pol.logprobs([both] * 2, [c.token_ids for c in comps])
+        (lp.sum() / mask.sum()).backward()
+    for i, c in enumerate(comps):
+        assert (lp[i, : len(c.token_ids)].detach() - torch.tensor(c.logprobs)).abs().max().item() < 1e-5
+    decoder = language_model_prefix(pol.model)
+    assert any(
+        is_vision_param(n, decoder) and p.grad is not None and p.grad.abs().sum() > 0
+        for n, p in pol.model.named_parameters()
+    )
+
+
+class _ForceAt:
+    """A logits processor that forces ``token`` for row ``row`` at generation step ``step`` (after the recorder, so
+    the recorded log-prob stays the model's own)."""
+
+    def __init__(self, forced: dict[int, tuple[int, int]], prompt_len: int):
+        self.forced, self.prompt_len = forced, prompt_len
+
+    def __call__(self, input_ids, scores):
+        step = input_ids.shape[1] - self.prompt_len
+        for row, (at, token) in self.forced.items():
+            if step == at:
+                scores[row] = float("-inf")
+                scores[row, token] = 0.0
+        return scores
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "gemma3", "glm4v", "llama4", "idefics3"])
+def test_every_stop_id_ends_a_completion(family, policy, images, monkeypatch):
+    """Checkpoints stop on several ids (generation_config.eos_token_id: Qwen's <|im_end|> and <|endoftext|>,
+    Gemma's <eos> and <end_of_turn>, GLM's <|endoftext|>, <|user|>, <|observation|>, </answer>, ...). Each row of one
+    batch is made to emit a different stop id at a different step: each completion ends right there, with that id,
+    marked "stop", while the rows that go on are not cut short."""
+    pol = policy(family)
+    stops = pol.eos_ids
+    assert len(stops) >= 2 and stops == list(pol.model.generation_config.eos_token_id)
+    prompt = pol.encode(_sample("s", [images[SIZES[0]]]))
+    forced = {row: (row + 1, stop) for row, stop in enumerate(stops)}  # row r emits stops[r] as token r + 2
+    engine = HFEngine(pol, batch_size=len(stops) + 1)
+    chain = engine._processors
+
+    def processors(params):
+        procs, recorder = chain(params)
+        return [*procs, _ForceAt(forced, len(prompt.input_ids))], recorder
+
+    monkeypatch.setattr(engine, "_processors", processors)
+    torch.manual_seed(0)
+    params = SamplingParams(n=len(stops) + 1, temperature=1.0, max_new_tokens=len(stops) + 3)
+    rows = engine.generate([prompt], params)[0]
+    for row, (at, stop) in forced.items():
+        c = rows[row]
+        assert c.finish_reason == "stop" and c.token_ids[-1] == stop and len(c.token_ids) == at + 1, (row, c)
+        assert not set(c.token_ids[:-1]) & set(stops) and len(c.logprobs) == len(c.token_ids)
+    free = rows[len(stops)]  # no forced stop: it runs to the length limit unless it samples a stop itself
+    assert free.finish_reason == "length" or free.token_ids[-1] in stops
