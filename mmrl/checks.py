@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mmrl.config import Config, ConfigError
+from mmrl.trackers import check_trackers
 
 
 def check_rewards(cfg: Config) -> None:
@@ -189,3 +190,4 @@ def check_config(cfg: Config) -> None:
     check_data(cfg)
     check_model(cfg)
     check_components(cfg)
+    check_trackers(cfg.train)

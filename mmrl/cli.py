@@ -160,6 +160,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from mmrl.rewards.base import REWARDS
     from mmrl.rollout import ENGINES
     from mmrl.samplers import SAMPLERS
+    from mmrl.trackers import TRACKERS
 
     rows = {
         "presets (algo.preset)": sorted(PRESETS),
@@ -172,6 +173,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         "rewards (rewards[].name)": REWARDS.names(),
         "samplers (sampler.name)": SAMPLERS.names(),
         "rollout engines (rollout.engine)": ENGINES.names(),
+        "experiment trackers (train.trackers)": TRACKERS.names(),
     }
     for title, names in rows.items():
         print(f"{title}: {', '.join(names)}")

@@ -60,7 +60,10 @@ class ModelConfig:
     )
     device: str = opt("'auto' (cuda if present, else cpu), 'cpu', 'cuda', 'cuda:1', ...", "auto")
     attn_implementation: str | None = opt(
-        "'sdpa', 'eager', 'flash_attention_2' or None for the default", None
+        "'auto' (flash_attention_2 on CUDA where flash-attn is installed, else mmrl_sdpa: torch's SDPA that attends "
+        "each sequence of a packed micro-batch alone; mmrl/attention.py), 'sdpa', 'eager', 'flash_attention_2', or "
+        "None for transformers' default",
+        "auto",
     )
     gradient_checkpointing: bool = opt("recompute activations in the backward pass to save memory", False)
     min_pixels: int = opt("smallest image size in pixels after smart_resize", 4 * 28 * 28)
@@ -92,6 +95,12 @@ class ModelConfig:
     logits_chunk_tokens: int = opt(
         "tokens whose full-vocabulary logits exist at once when scoring log-probs (memory: ~3 x chunk x vocab x 4 B)",
         512,
+    )
+    packing: bool = opt(
+        "score a micro-batch as one packed row without padding (positions restart per sequence, M-RoPE included; "
+        "each sequence attended alone) where the family and the attention support it (mmrl.families."
+        "packing_support, a varlen attn_implementation); false: left/right-padded rows",
+        True,
     )
 
 
@@ -200,6 +209,11 @@ class OptimConfig:
     micro_batch_size: int = opt(
         "sequences per forward/backward (gradient accumulation inside a mini-batch)", 16
     )
+    micro_batch_tokens: int = opt(
+        "token budget of a micro-batch (prompt + completion tokens); rows are grouped by length into micro-batches "
+        "under it (at least one row each) instead of micro_batch_size rows in draw order; 0 = off",
+        0,
+    )
 
 
 @dataclass
@@ -241,7 +255,16 @@ class TrainConfig:
     max_steps: int = opt("training steps", 100)
     save_every: int = opt("checkpoint every N steps (0 = only at the end)", 0)
     keep_checkpoints: int = opt("most recent checkpoints kept (0 = all)", 2)
-    tensorboard: bool = opt("also write TensorBoard event files", False)
+    tensorboard: bool = opt("also write TensorBoard event files (as tensorboard in train.trackers)", False)
+    trackers: list[str] = opt(
+        "experiment trackers that get every metrics.jsonl row and the logged rollouts' images: tensorboard, wandb, "
+        "mlflow, swanlab (optional packages: pip install 'mmrl[trackers]'; mmrl/trackers.py)",
+        factory=list,
+    )
+    tracker_options: dict[str, dict[str, Any]] = opt(
+        "options by tracker, e.g. {wandb: {project: p, mode: online}, mlflow: {tracking_uri: http://host:5000}}",
+        factory=dict,
+    )
     progress: bool = opt("show a rich progress bar", True)
     reward_workers: int = opt("worker processes for heavy (rendering) rewards", 2)
     reward_timeout_s: float = opt("per-item timeout of a heavy reward", 30.0)

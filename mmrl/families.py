@@ -55,13 +55,16 @@ import math
 from dataclasses import asdict, dataclass, is_dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from PIL import Image
 
 from mmrl.processors.errors import MediaError
 from mmrl.processors.geometry import GeometryError, model_to_original, original_to_model, smart_resize
 from mmrl.processors.image import ImageGeometry, prepare_image, to_rgb
+
+if TYPE_CHECKING:  # torch is imported where it is used: `mmrl train` checks a config before loading it
+    import torch
 
 # processor attributes that switch on multi-view tiling: the processor then owns the geometry (module docstring)
 TILING_ATTRS = ("do_pan_and_scan", "do_image_splitting", "image_grid_pinpoints", "crop_to_patches")
@@ -455,3 +458,111 @@ def release_transposes(model: Any) -> list[tuple[str, int, int]]:
         ):
             out += [(str(p), ops[0].dim0, ops[0].dim1) for p in conv.target_patterns]
     return out
+
+
+def packing_support(model: Any, processor: Any = None) -> tuple[bool, str]:
+    """Whether a micro-batch of this model can be scored as one packed row (:meth:`mmrl.policy.Policy._packed_hidden`)
+    with the padded path's log-probs, and if not why. Read from the checkpoint, never from a family's name:
+
+    - linear-attention layers (``layer_types`` holding ``linear_attention``: Qwen3.5's Gated-DeltaNet) keep packed
+      sequences apart only with flash-linear-attention's kernels (``fla``); transformers' torch path refuses packed
+      rows (its causal convolution and recurrence would run across the sequence boundary);
+    - media tokens that attend to each other bidirectionally (the processor's ``token_type_ids``, Gemma 3; or
+      ``use_bidirectional_attention``, Gemma 4): transformers remaps packed positions before its block mask reads
+      them, so a later sequence's tokens read the first sequence's image blocks (measured: log-probs off by 0.03-0.1);
+    - everything else (1-D RoPE, multimodal RoPE with ``get_rope_index``) packs exactly (tests/test_packing.py)."""
+    import importlib.util
+
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if (
+        "linear_attention" in (getattr(text, "layer_types", None) or [])
+        and importlib.util.find_spec("fla") is None
+    ):
+        return (
+            False,
+            "linear-attention layers pack only with flash-linear-attention (pip install flash-linear-attention)",
+        )
+    names = getattr(processor, "model_input_names", None) or []
+    if "token_type_ids" in names or any(
+        getattr(c, "use_bidirectional_attention", None) for c in (config, text)
+    ):
+        return (
+            False,
+            "bidirectional media attention: transformers' packed masks would mix sequences' image blocks",
+        )
+    return True, ""
+
+
+def rope_positions(
+    model: Any, row: torch.Tensor, mm: dict[str, torch.Tensor], seq: dict[str, torch.Tensor]
+) -> torch.Tensor | None:
+    """A multimodal-RoPE model's positions ``[k, L]`` of one sequence alone (its own image/video grids), as the
+    model computes them for that sequence in a padded batch; None for a model with plain 1-D positions."""
+    import torch
+
+    backbone = getattr(model, "model", None)
+    rope_index = getattr(backbone, "get_rope_index", None)
+    if rope_index is None:
+        return None
+    L = len(row)
+    grids = {k: mm[k] for k in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts") if k in mm}
+    types = seq.get("mm_token_type_ids")
+    if not any(k in grids for k in ("image_grid_thw", "video_grid_thw")) or types is None:
+        return torch.arange(L).expand(3, L)
+    dev = next(model.parameters()).device
+    pos, _ = rope_index(
+        input_ids=row[None].to(dev),
+        mm_token_type_ids=types[None].to(dev),
+        attention_mask=torch.ones((1, L), dtype=torch.long, device=dev),
+        **{k: v.to(dev) for k, v in grids.items()},
+    )
+    return pos[:, 0].cpu()
+
+
+def encoder_calls(model: Any) -> dict[str, tuple[str, Any, set[str]]]:
+    """``modality -> (pixel input name, the backbone's feature function, the input names it takes)`` for a model whose
+    forward takes precomputed vision features (transformers' ``mm_encoder_outputs``); empty otherwise."""
+    import inspect
+
+    backbone = getattr(model, "model", None) or model  # Llama 4 has no multimodal backbone: the model itself
+    forward = getattr(backbone, "forward", None)
+    if forward is None or "mm_encoder_outputs" not in inspect.signature(forward).parameters:
+        return {}
+    out = {}
+    for modality, pixels, name in (
+        ("image", "pixel_values", "get_image_features"),
+        ("video", "pixel_values_videos", "get_video_features"),
+    ):
+        fn = getattr(backbone, name, None)
+        if fn is not None:
+            out[modality] = (pixels, fn, set(inspect.signature(fn).parameters))
+    return out
+
+
+def concat_encoder_outputs(outputs: list[Any]) -> Any:
+    """Vision encoder outputs of several prompts as one batch's, for the fields a forward reads from
+    ``mm_encoder_outputs``: ``pooler_output`` (a tensor over images or tiles: concatenated; a tuple of per-image
+    features: joined), DeepStack's per-layer ``deepstack_features`` (joined layer by layer) and, where there is no
+    pooled output (Llama 4), ``last_hidden_state``. The other fields (per-layer hidden states) are left out."""
+    import torch
+
+    def join(values: list[Any]) -> Any:
+        if isinstance(values[0], torch.Tensor):
+            return torch.cat(values, dim=0)
+        return type(values[0])(x for v in values for x in v)
+
+    first = outputs[0]
+    keep = ["pooler_output", "deepstack_features"]
+    if first.get("pooler_output") is None:
+        keep.append("last_hidden_state")
+    merged = {}
+    for key in keep:
+        values = [o.get(key) for o in outputs]
+        if values[0] is None:
+            continue
+        if key == "deepstack_features":
+            merged[key] = [join(list(layer)) for layer in zip(*values)]
+        else:
+            merged[key] = join(values)
+    return type(first)(**merged)

@@ -152,6 +152,10 @@ class Policy:
         vocab = head.weight.shape[0] if head is not None else len(self.tokenizer)
         self.suppress_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)  # [V]
         self.suppress_mask[[t for t in self.suppressed_token_ids if t < vocab]] = True
+        self._suppress_host = (
+            self.suppress_mask.cpu()
+        )  # host copies: checks on completions never sync the device
+        self._suppressed_ids = frozenset(t for t in self.suppressed_token_ids if t < vocab)
         self.sharded: list[torch.nn.Module] = []  # FSDP2 modules, root last (see shard())
         self.replica: torch.nn.Module | None = None  # the DDP module that sums gradients (see replicate())
 
@@ -208,7 +212,9 @@ class Policy:
         src = resolve_model_path(cfg.path if cfg.lora.r > 0 and trainable else (path or cfg.path))
         kwargs: dict[str, Any] = {"dtype": torch.float32 if trainable else getattr(torch, cfg.dtype)}
         if cfg.attn_implementation:
-            kwargs["attn_implementation"] = cfg.attn_implementation
+            from mmrl.attention import resolve
+
+            kwargs["attn_implementation"] = resolve(cfg.attn_implementation, pick_device(cfg.device))
         model = AutoModelForImageTextToText.from_pretrained(src, **kwargs).to(pick_device(cfg.device))
         processor = AutoProcessor.from_pretrained(src)
         if not hasattr(processor, "image_processor"):
@@ -460,16 +466,19 @@ class Policy:
         return ids.to(self.device), mask.to(self.device), mm, P
 
     def _is_suppressed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.suppress_mask.cpu()[tokens.clamp(0, len(self.suppress_mask) - 1)] & (
-            tokens < len(self.suppress_mask)
+        return self._suppress_host[tokens.clamp(0, len(self._suppress_host) - 1)] & (
+            tokens < len(self._suppress_host)
         )
 
     # ---------------------------------------------------------------- scoring
     def completion_hidden(
-        self, prompts: list[EncodedPrompt], completions: list[list[int]]
+        self, prompts: list[EncodedPrompt], completions: list[list[int]], packed: bool | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Final hidden states at the positions predicting each completion token ``[B, T, H]``, the tokens
-        ``[B, T]`` and the mask ``[B, T]`` (1 on real completion tokens)."""
+        ``[B, T]`` and the mask ``[B, T]`` (1 on real completion tokens). ``packed`` (default: :attr:`packs`):
+        one forward over the sequences packed into one row without padding (:meth:`_packed_hidden`)."""
+        if self.packs if packed is None else packed:
+            return self._packed_hidden(prompts, completions)
         ids, attn, mm, P = self.collate(prompts, completions)
         T = ids.shape[1] - P
         target = torch.full((len(prompts), T), self.pad_id, dtype=torch.long)
@@ -479,6 +488,122 @@ class Policy:
             last = self._last_hidden(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
         hidden = last[:, P - 1 : P + T - 1]  # position P-1+t predicts token P+t
         return hidden, target.to(self.device), attn[:, P:].float()
+
+    @cached_property
+    def packs(self) -> bool:
+        """Whether micro-batches are scored packed: ``model.packing``, the family can
+        (:func:`mmrl.families.packing_support`) and the attention attends each packed sequence alone
+        (:func:`mmrl.attention.is_varlen`; under plain ``sdpa`` a packed row would cost ``N^2`` attention)."""
+        from mmrl.attention import is_varlen
+        from mmrl.families import packing_support
+
+        attn = getattr(self.model.config, "_attn_implementation", None)
+        return self.cfg.packing and is_varlen(attn) and packing_support(self.model, self.processor)[0]
+
+    def _packed_hidden(
+        self, prompts: list[EncodedPrompt], completions: list[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`completion_hidden` of the sequences packed end to end into one row: no padding token is computed.
+
+        Each sequence keeps the positions it has alone (and so in generation): text positions restart at 0 per
+        sequence, and a multimodal-RoPE model's 3-D positions are its own ``get_rope_index`` of that sequence with
+        its own grids (prepended by the text positions, the ``[4, 1, L]`` layout transformers reads packed masks
+        from). With no attention mask, transformers builds the block-diagonal causal mask from where the positions
+        restart (``masking_utils.find_packed_sequence_indices``); flash-attention's varlen kernels and linear
+        attention read the cumulative lengths passed alongside. The media tensors are concatenated in row order as
+        in a padded batch, and the hidden states are gathered back into the ``[B, T, H]`` layout of the padded path
+        (the head runs only where the mask is 1)."""
+        from mmrl.attention import PACKED
+        from mmrl.families import rope_positions
+
+        dev = self.device
+        seq_keys = sorted({k for p in prompts for k in p.seq})
+        rows, text_pos, mrope, starts = [], [], [], []
+        seq: dict[str, list[torch.Tensor]] = {k: [] for k in seq_keys}
+        n = 0
+        for p, c in zip(prompts, completions):
+            ct = torch.as_tensor(c, dtype=torch.long)
+            row = torch.cat([p.input_ids, ct.masked_fill(self._is_suppressed(ct), self.pad_id)])
+            P, L = len(p.input_ids), len(row)
+            rows.append(row)
+            starts.append(n + P - 1)  # position n + P - 1 + t predicts completion token t
+            n += L
+            text_pos.append(torch.arange(L))
+            for k in seq_keys:
+                dtype = next(q.seq[k].dtype for q in prompts if k in q.seq)
+                own = p.seq.get(k, torch.zeros(P, dtype=dtype))
+                seq[k].append(torch.cat([own.to(dtype), torch.zeros(len(c), dtype=dtype)]))
+            mrope.append(rope_positions(self.model, row, p.mm, {k: v[-1] for k, v in seq.items()}))
+        positions = torch.cat(text_pos)[None]  # [1, N]
+        if mrope[0] is not None:  # [1 + k, 1, N]: text positions first, then the model's k rope axes
+            positions = torch.cat([positions[None], torch.cat(mrope, dim=-1)[:, None]], dim=0)
+        lengths = torch.tensor([len(r) for r in rows])
+        cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(dev, torch.int32)
+        mm = {k: torch.cat(v)[None].to(dev) for k, v in seq.items()}
+        for key in sorted({k for p in prompts for k in p.mm}):
+            parts = _padded(
+                [p.mm[key] for p in prompts if key in p.mm], -1 if key.endswith("position_ids") else 0
+            )
+            mm[key] = torch.cat(parts, dim=0).to(dev)
+            if mm[key].is_floating_point():
+                mm[key] = mm[key].to(self.model.dtype)
+        token = PACKED.set(True)
+        try:
+            with self.autocast():
+                shared = self._encode_media_once(prompts, mm)
+                last = self._packed_forward(rows, positions, cu, lengths, mm | shared, dev)
+        finally:
+            PACKED.reset(token)
+        T = max((len(c) for c in completions), default=0)
+        index = torch.zeros((len(rows), T), dtype=torch.long)
+        target = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), T))
+        for i, (start, c) in enumerate(zip(starts, completions)):
+            index[i, : len(c)] = torch.arange(start, start + len(c))
+            target[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
+            mask[i, : len(c)] = 1.0
+        hidden = last[
+            index.to(dev)
+        ]  # [B, T, H]; positions past a completion's end hold the first token's state
+        return hidden, target.to(dev), mask.to(dev)
+
+    def _encode_media_once(self, prompts: list[EncodedPrompt], mm: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Vision once per prompt: the G rows of a group share one :class:`EncodedPrompt`, whose images (and videos)
+        go through the vision tower once; the rows' features are that one encoding repeated, handed to the model as
+        ``mm_encoder_outputs`` (its pixel inputs are taken out of ``mm``). With a trainable tower the gradients of
+        all rows flow into the one encoding. Returns ``{"mm_encoder_outputs": ...}``, or nothing where the model
+        takes no precomputed features or no prompt repeats (:func:`mmrl.families.encoder_calls`)."""
+        from mmrl.families import concat_encoder_outputs, encoder_calls
+
+        calls = encoder_calls(self.model)
+        if not calls or len({id(p) for p in prompts}) == len(prompts):
+            return {}
+        dev, dtype = self.device, self.model.dtype
+        out: dict[str, Any] = {}
+        for modality, (pixels, fn, takes) in calls.items():
+            owners = [p for p in prompts if pixels in p.mm]
+            if not owners:
+                continue
+            once: dict[int, Any] = {}
+            for p in owners:
+                if id(p) not in once:
+                    kw = {k: v.to(dev) for k, v in p.mm.items() if k in takes and k != pixels}
+                    once[id(p)] = fn(p.mm[pixels].to(dev, dtype), return_dict=True, **kw)
+            out[modality] = concat_encoder_outputs([once[id(p)] for p in owners])
+            mm.pop(pixels)
+        return {"mm_encoder_outputs": out} if out else {}
+
+    def _packed_forward(self, rows, positions, cu, lengths, mm, dev) -> torch.Tensor:
+        return self._last_hidden(
+            input_ids=torch.cat(rows)[None].to(dev),
+            position_ids=positions.to(dev),
+            use_cache=False,
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu,
+            max_length_q=int(lengths.max()),
+            max_length_k=int(lengths.max()),
+            **mm,
+        )[0]  # [N, H]
 
     def _last_hidden(self, **inputs: Any) -> torch.Tensor:
         """The final hidden states ``[B, L, H]`` (after the last norm, before the head) of a forward with the media:
@@ -506,35 +631,41 @@ class Policy:
         temperature: float = 1.0,
         with_entropy: bool = True,
         entropy_grad: bool = False,
+        packed: bool | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Per-token log-probs (and full-vocabulary entropies) of ``completions`` given ``prompts``, in fp32.
 
         Returns ``logp [B, T]``, ``entropy [B, T]`` (or None), ``mask [B, T]`` (1 on real completion tokens).
-        Gradients flow through ``logp`` unless called under ``torch.no_grad()``. Vision placeholders are outside
-        the policy's support: a completion holding one is an engine bug and is refused.
+        Gradients flow through ``logp`` unless called under ``torch.no_grad()``. The head scores the real
+        completion tokens only (0 elsewhere). ``packed``: see :meth:`completion_hidden`. Vision placeholders are
+        outside the policy's support: a completion holding one is an engine bug and is refused.
         """
+        suppressed = self._suppressed_ids  # a host-side set: no device sync per completion token
         for c in completions:
-            bad = [t for t in c if 0 <= t < len(self.suppress_mask) and self.suppress_mask[t]]
+            bad = suppressed.intersection(c)
             if bad:
                 raise ValueError(
-                    f"completion contains vision placeholder token(s) {sorted(set(bad))}; rollout engines must "
+                    f"completion contains vision placeholder token(s) {sorted(bad)}; rollout engines must "
                     "suppress Policy.suppressed_token_ids"
                 )
 
         def score() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-            hidden, target, mask = self.completion_hidden(prompts, completions)
+            hidden, target, mask = self.completion_hidden(prompts, completions, packed)
+            keep = mask.bool()
             with self.autocast():
-                logp, entropy = selective_logprobs(
+                lp, ent = selective_logprobs(
                     self.model.get_output_embeddings(),
-                    hidden,
-                    target,
+                    hidden[keep][None],
+                    target[keep][None],
                     temperature=temperature,
                     suppress=self.suppress_mask,
                     with_entropy=with_entropy,
                     entropy_grad=entropy_grad,
                     chunk=self.cfg.logits_chunk_tokens,
                 )
-            return logp * mask, entropy, mask
+            logp = mask.new_zeros(mask.shape).masked_scatter(keep, lp[0])
+            entropy = None if ent is None else mask.new_zeros(mask.shape).masked_scatter(keep, ent[0])
+            return logp, entropy, mask
 
         return self._scored(score)
 

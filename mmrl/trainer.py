@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrl import checkpoint, fsdp, rundir
+from mmrl import checkpoint, fsdp, rundir, trackers
 from mmrl.algos import (
     ADVANTAGES,
     KL_ESTIMATORS,
@@ -45,7 +45,7 @@ from mmrl.policy import Policy
 from mmrl.rewards.compose import CompositeReward, RewardConfig
 from mmrl.rollout import ENGINES
 from mmrl.samplers import SAMPLERS
-from mmrl.update import PolicyUpdate, RolloutBatch
+from mmrl.update import PolicyUpdate, RolloutBatch, micro_batches
 from mmrl.validation import Validator
 
 
@@ -150,9 +150,11 @@ class Trainer:
             self.step, self.last_kl = int(state["step"]), state.get("last_kl")
         self.logger = MetricsLogger(
             self.out,
-            tensorboard=cfg.train.tensorboard,
+            trackers=trackers.wanted(cfg.train),
+            tracker_options=cfg.train.tracker_options,
             purge_step=self.step + 1 if ckpt else None,
             enabled=dist.is_main,
+            config=to_dict(cfg),
         )
 
     def _prepare_run_dir(self, resume: bool, overwrite: bool) -> Path | None:
@@ -286,9 +288,18 @@ class Trainer:
         """Log-probs (and entropies) of this process's rows, gathered so every process holds the whole batch's."""
         logp = torch.zeros_like(batch.old_logp)
         ent = torch.zeros_like(batch.old_logp) if with_entropy else None
-        mb, rows = self.cfg.optim.micro_batch_size, batch.local_rows
-        for i in range(0, len(rows), mb):
-            part = rows[i : i + mb]
+        rows = batch.local_rows
+        micros = micro_batches(batch, rows, 1, self.cfg)
+        # under FSDP every forward is a collective: as many as the rank with the most (the extra ones dropped)
+        if policy.sharded:
+            most = max(self.dist.gather(len(micros)))
+            micros += [rows[:1]] * (most - len(micros))
+        done: set[int] = set()
+        for part in micros:
+            if done.issuperset(part):
+                policy.logprobs([batch.prompts[j] for j in part], [batch.completions[j] for j in part])
+                continue
+            done.update(part)
             lp, e, _ = policy.logprobs(
                 [batch.prompts[j] for j in part],
                 [batch.completions[j] for j in part],
@@ -382,7 +393,7 @@ class Trainer:
         """Append the first ``keep`` groups of the step, each response with its reward and reward parts."""
         if not self.dist.is_main:
             return
-        G = len(got.groups[0])
+        G, rows = len(got.groups[0]), []
         with (self.out / "rollouts.jsonl").open("a") as f:
             for b, (s, g) in enumerate(list(zip(got.samples, got.groups))[:keep]):
                 results = got.results[b * G : (b + 1) * G]
@@ -400,6 +411,8 @@ class Trainer:
                     ],
                 }
                 f.write(json.dumps(row) + "\n")
+                rows.append(row)
+        self.logger.log_rollout_images(self.step, rows)  # inputs and kept renders, to the trackers
 
     def save(self) -> Path:
         """A checkpoint (:mod:`mmrl.checkpoint`). Under FSDP every rank writes its optimizer shard into the staging

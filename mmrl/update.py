@@ -67,6 +67,33 @@ def loss_options(cfg: Config) -> dict[str, Any]:
     return opts | dict(cfg.algo.loss_options)
 
 
+def micro_batches(batch: RolloutBatch, rows: list[int], unit: int, cfg: Config) -> list[list[int]]:
+    """This process's ``rows`` in micro-batches, blocks of ``unit`` rows (whole groups when a loss needs them) kept
+    together. ``optim.micro_batch_size`` rows in draw order; or, with ``optim.micro_batch_tokens``, blocks sorted by
+    length (prompt + completion tokens) and packed first-fit into micro-batches of at most that many tokens (a
+    longer block alone), so rows of like length share a micro-batch (little padding where the family cannot pack)
+    and a packed micro-batch holds a steady number of tokens."""
+    budget = cfg.optim.micro_batch_tokens
+    if budget <= 0:
+        size = max(unit, cfg.optim.micro_batch_size // unit * unit)
+        return [rows[s : s + size] for s in range(0, len(rows), size)]
+    blocks = [rows[i : i + unit] for i in range(0, len(rows), unit)]
+
+    def tokens(block: list[int]) -> int:
+        return sum(len(batch.prompts[r].input_ids) + len(batch.completions[r]) for r in block)  # type: ignore[union-attr]
+
+    bins: list[tuple[int, list[int]]] = []
+    for block in sorted(blocks, key=tokens, reverse=True):
+        n = tokens(block)
+        for k, (used, members) in enumerate(bins):
+            if used + n <= budget:
+                bins[k] = (used + n, members + block)
+                break
+        else:
+            bins.append((n, list(block)))
+    return [members for _, members in bins]
+
+
 class PolicyUpdate:
     def __init__(
         self,
@@ -109,17 +136,13 @@ class PolicyUpdate:
         out = {k: sum(st[k] for st in steps) / len(steps) for k in steps[0]}
         return out | {"lr": lr}
 
-    def _micro_batches(self, rows: list[int], unit: int) -> list[list[int]]:
-        size = max(unit, self.cfg.optim.micro_batch_size // unit * unit)
-        return [rows[s : s + size] for s in range(0, len(rows), size)]
-
     def _optimizer_step(self, batch: RolloutBatch, rows: list[int], unit: int) -> dict[str, float]:
         pol = self.policy
         full_mask = batch.mask
-        # the global mini-batch's denominator, split the way the whole batch would be on one process
-        units = sum(self.agg.units(full_mask[m]) for m in self._micro_batches(rows, unit))
+        # the global mini-batch's denominator (every aggregation's units add up over any split of the rows)
+        units = self.agg.units(full_mask[rows])
         mine = set(batch.local_rows)
-        micros = self._micro_batches([r for r in rows if r in mine], unit)
+        micros = micro_batches(batch, [r for r in rows if r in mine], unit, self.cfg)
         weights = [1.0] * len(micros)
         # zero-weight padding micro-batches: under FSDP every forward is a collective (pad to the most any rank
         # has); under DDP every rank runs the one synchronising backward (pad a rank with no rows to one)

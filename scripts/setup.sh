@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine for mmrl: TeX Live + poppler + Chromium (rendering rewards) from Debian, then PyTorch
-# (CPU-capable build pinned to the wheels this project is tested with) and mmrl itself with its dev extras.
+# (CPU-capable build pinned to the wheels this project is tested with) and mmrl itself with its dev and trackers
+# extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
@@ -13,4 +14,4 @@ if ! command -v pdflatex >/dev/null || ! command -v pdftoppm >/dev/null || ! com
 fi
 PY=${PYTHON:-python3}
 $PY -m pip install -q torch==2.14.1 torchvision==0.29.1
-$PY -m pip install -q -e ".[dev]"
+$PY -m pip install -q -e ".[dev,trackers]"  # trackers: W&B, MLflow, SwanLab (~15 s), tested offline

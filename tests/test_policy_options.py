@@ -69,7 +69,7 @@ def test_bf16_keeps_fp32_master_weights_and_scores_close_to_fp32(sample):
 
 
 def test_metrics_logger_writes_tensorboard_and_appends(tmp_path):
-    log = MetricsLogger(tmp_path, tensorboard=True)
+    log = MetricsLogger(tmp_path, trackers=["tensorboard"])
     log.log({"step": 1, "reward/mean": 0.5, "loss": float("nan")})
     log.log({"step": 2, "reward/mean": 0.75})
     log.close()

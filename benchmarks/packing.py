@@ -1,0 +1,185 @@
+"""Padding-free updates: the update stage on a batch of mixed lengths, padded micro-batches vs packed ones.
+
+Workload (issue "Throughput at real scale"): 8 prompts x G=4 responses; prompts of 20-400 tokens (text of random
+length, an image of 56-448 px a side on most of them), responses of 4-256 random ordinary tokens, drawn with a fixed
+seed. The model is a random Qwen2.5-VL built here from the bundled tiny checkpoint's tokenizer and processor with a
+wider text model (``--width``, ``--layers``; the tiny one's per-token work is too small to show anything), fp32, CPU.
+
+- before: ``model.packing: false``, ``optim.micro_batch_size: 8`` rows in draw order (the old path): each micro-batch
+  left-pads its prompts and right-pads its completions to the longest, and the head scored every padded position;
+- grouped (for reference): ``optim.micro_batch_tokens: --budget`` with ``model.packing: false``: the same length-grouped
+  micro-batches, padded;
+- after: ``model.packing: true``, ``optim.micro_batch_tokens: --budget``: rows grouped by length into micro-batches
+  of at most that many tokens, each forwarded as one packed row (no padding token is computed; the head scores the
+  completion tokens only), attention per sequence (``model.attn_implementation: auto`` -> ``mmrl_sdpa`` here).
+
+Both run the same ``PolicyUpdate`` (1 epoch, 1 mini-batch, token-mean GRPO loss) from the same weights, alternating
+(A B B A) for ``--rounds``; s/update is the median. The padded-token share is the share of computed positions that
+are padding: sum over micro-batches of ``rows x (longest prompt + longest completion)`` against the real tokens.
+
+    OMP_NUM_THREADS=1 python benchmarks/packing.py [--width 256 --layers 4 --budget 4096 --rounds 2]
+
+Last line: ``padding share: before X after Y; update speed-up Z`` (Z = before / after s/update).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
+
+
+def build_model(out: Path, width: int, layers: int) -> Path:
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    for f in TINY.iterdir():
+        if f.suffix in (".json", ".jinja", ".txt") and f.name not in ("config.json",):
+            shutil.copy(f, out / f.name)
+    conf = json.loads((TINY / "config.json").read_text())
+    text = conf["text_config"]
+    heads = width // 32  # head dim 32, as the tiny model's: its M-RoPE sections (4, 6, 6) stay valid
+    text.update(
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+    )
+    text.pop("layer_types", None)
+    conf["vision_config"]["out_hidden_size"] = width
+    config = Qwen2_5_VLConfig(
+        **{k: v for k, v in conf.items() if k not in ("architectures", "transformers_version")}
+    )
+    torch.manual_seed(0)
+    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(out)
+    return out
+
+
+def make_batch(policy, rng: np.random.Generator, tmp: Path, prompts: int, G: int):
+    from mmrl.types import Sample
+    from mmrl.update import RolloutBatch
+
+    words = "the red circle left of a blue square above green triangle shape colour table cell".split()
+    suppressed = set(policy.suppressed_token_ids) | set(policy.eos_ids) | {policy.pad_id}
+    ordinary = [t for t in range(100, 2900) if t not in suppressed]
+    encoded = []
+    for b in range(prompts):
+        n_words = int(rng.integers(10, 300))
+        text = " ".join(rng.choice(words, n_words))
+        content = [{"type": "text", "text": text}]
+        images = []
+        if b % 4 != 3:  # most prompts carry an image, one in four is text only
+            side = int(rng.integers(56, 449))
+            other = int(rng.integers(56, 449))
+            path = tmp / f"img{b}.png"
+            Image.fromarray(rng.integers(0, 255, (other, side, 3), dtype=np.uint8)).save(path)
+            content.insert(0, {"type": "image"})
+            images.append(str(path))
+        encoded.append(policy.encode(Sample(f"p{b}", [{"role": "user", "content": content}], images=images)))
+    rows = [p for p in encoded for _ in range(G)]
+    comps = [list(rng.choice(ordinary, int(rng.integers(4, 257)))) for _ in rows]
+    T = max(len(c) for c in comps)
+    old = torch.zeros(len(rows), T)
+    batch = RolloutBatch(rows, [[int(t) for t in c] for c in comps], G, old)
+    batch.advantages = torch.tensor(rng.standard_normal(len(rows)), dtype=torch.float32)
+    return batch
+
+
+def padding_share(batch, micros, packed: bool) -> float:
+    real = computed = 0
+    for m in micros:
+        P = [len(batch.prompts[r].input_ids) for r in m]
+        T = [len(batch.completions[r]) for r in m]
+        real += sum(P) + sum(T)
+        computed += sum(P) + sum(T) if packed else len(m) * (max(P) + max(T))
+    return 1 - real / computed
+
+
+def run(variant: str, model_dir: Path, batch, budget: int) -> tuple[float, float]:
+    from mmrl.config import Config, from_dict
+    from mmrl.policy import Policy
+    from mmrl.trainer import build_scheduler
+    from mmrl.update import PolicyUpdate, micro_batches
+
+    packed = variant == "after"
+    budgeted = variant != "before"
+    cfg = from_dict(
+        Config,
+        {
+            "model": {
+                "path": str(model_dir),
+                "packing": packed,
+                "max_pixels": 448 * 448,
+            },
+            "optim": {"lr": 1e-4, "micro_batch_size": 8, "micro_batch_tokens": budget if budgeted else 0},
+            "algo": {"kl_coef": 0.0},
+        },
+    )
+    policy = Policy.from_pretrained(cfg.model)
+    assert policy.packs == packed
+    opt = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=cfg.optim.lr)
+    update = PolicyUpdate(cfg, policy, opt, build_scheduler(opt, cfg), temperature=1.0)
+    share = padding_share(batch, micro_batches(batch, list(range(len(batch.completions))), 1, cfg), packed)
+    start = time.perf_counter()
+    with policy.training():
+        update(batch, step=0)
+    return time.perf_counter() - start, share
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--budget", type=int, default=4096)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from mmrl.config import ModelConfig
+    from mmrl.policy import Policy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model_dir = build_model(tmp, args.width, args.layers)
+        encoder = Policy.from_pretrained(ModelConfig(path=str(model_dir), max_pixels=448 * 448))
+        batch = make_batch(encoder, np.random.default_rng(0), tmp, args.prompts, args.group)
+        del encoder
+        lengths = [len(p.input_ids) for p in batch.prompts[:: args.group]]
+        print(
+            f"batch: {len(batch.completions)} rows, prompts {min(lengths)}-{max(lengths)} tokens, responses "
+            f"{min(map(len, batch.completions))}-{max(map(len, batch.completions))} tokens; width {args.width}, "
+            f"{args.layers} layers, budget {args.budget} tokens"
+        )
+        times: dict[str, list[float]] = {"before": [], "grouped": [], "after": []}
+        shares: dict[str, float] = {}
+        for r in range(args.rounds):
+            for variant in ("before", "grouped", "after") if r % 2 == 0 else ("after", "grouped", "before"):
+                s, share = run(variant, model_dir, batch, args.budget)
+                times[variant].append(s)
+                shares[variant] = share
+                print(f"round {r} {variant}: {s:.2f} s/update, padded share {share:.1%}")
+    before, after = statistics.median(times["before"]), statistics.median(times["after"])
+    print(f"| variant | s/update (median of {args.rounds}) | padded share |")
+    print("|---|---|---|")
+    for v in ("before", "grouped", "after"):
+        print(f"| {v} | {statistics.median(times[v]):.2f} | {shares[v]:.1%} |")
+    print(
+        f"padding share: before {shares['before']:.1%} after {shares['after']:.1%}; "
+        f"update speed-up {before / after:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
