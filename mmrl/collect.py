@@ -14,7 +14,9 @@ the same, while ``prompts`` are encoded only for the rank's own share (``None`` 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,9 +73,18 @@ class Collected:
     samples: list[Sample]
     prompts: list[EncodedPrompt | None]  # this rank's share encoded, None elsewhere
     groups: list[list[Completion]]  # [B][G]
-    rewards: torch.Tensor  # [B, G]
+    rewards: torch.Tensor | None  # [B, G]; None until resolve() while rewards are still being computed
     results: list[Any]  # [B*G] reward results (parts, errors)
     stats: dict[str, float] = field(default_factory=dict)
+    pending: Callable[[], tuple[torch.Tensor, list[Any]]] | None = None
+
+    def resolve(self) -> Collected:
+        """Wait for rewards still being computed (``train.overlap_rewards``); a no-op once they are in. Call it on
+        every rank: the ranks' rewards are gathered here."""
+        if self.pending is not None:
+            self.rewards, self.results = self.pending()
+            self.pending = None
+        return self
 
 
 class Collector:
@@ -95,6 +106,10 @@ class Collector:
         self.render_root = render_root  # DIR/renders, for train.keep_renders
         self.step = 0  # the step being collected
         self.errors: list[dict[str, Any]] = []  # reward failures of the current step
+        self.reward_seconds = (
+            0.0  # time spent scoring this step (in the background thread), for time/reward_compute
+        )
+        self._thread: ThreadPoolExecutor | None = None
 
     def generation_weights(self):
         """Around generation: under FSDP the policy's full weights, gathered once on every rank (no per-token
@@ -138,7 +153,11 @@ class Collector:
 
         return self.render_root / f"step-{self.step}" / render_stem(sample.id)
 
-    def one_round(self, k: int) -> Collected:
+    def one_round(self, k: int, overlap: bool = False) -> Collected:
+        """One round of ``k`` groups. The rewards of each chunk of groups start (in a background thread, heavy ones
+        in the reward pool) as soon as the chunk is generated, overlapping the next chunk's generation; with
+        ``overlap`` they may still be running when this returns (the trainer's old/reference log-prob passes overlap
+        them; :meth:`Collected.resolve` waits), else they are waited for here."""
         mine = self.dist.share(k)
         with self.stage("sample"):
             idx = self.sampler.select(k)  # global: every rank picks the same
@@ -148,30 +167,70 @@ class Collector:
                 self.encode(s) if b in mine else None for b, s in enumerate(samples)
             ]
         local = [prompts[b] for b in mine]
+        # chunks: the HF engine generates batch_size prompts at a time anyway; an engine that schedules the whole
+        # batch itself (vLLM) gets it at once
+        whole = getattr(self.engine, "owns_weights", False) or not self.cfg.train.overlap_rewards
+        chunk = len(local) if whole else max(1, int(getattr(self.engine, "batch_size", len(local) or 1)))
+        groups_local: list[list[Completion]] = []
+        futures: list[Future] = []
         with self.stage("rollout"):
             with self.generation_weights():
-                groups_local = self.engine.generate(local, self.sampling_params())
-        with self.stage("reward"):
-            rewards_local, results_local = self.score(
-                [samples[b] for b in mine],
-                local,
-                groups_local,
-                [self.render_dir(b, samples[b]) for b in mine],
-            )
-            parts = self.dist.gather((groups_local, rewards_local, results_local))
-        groups = [g for part in parts for g in part[0]]
-        rewards = torch.cat([part[1] for part in parts])  # [k, G]
-        results = [r for part in parts for r in part[2]]
-        self.errors += [e for r in results for e in r.errors]
-        self.sampler.update(idx, rewards)
-        return Collected(idx, samples, prompts, groups, rewards, results)
+                for s in range(0, len(local), max(1, chunk)):
+                    part = self.engine.generate(local[s : s + chunk], self.sampling_params())
+                    groups_local += part
+                    bs = list(mine)[s : s + chunk]
+                    futures.append(
+                        self._reward_thread().submit(
+                            self._timed_score,
+                            [samples[b] for b in bs],
+                            local[s : s + chunk],
+                            part,
+                            [self.render_dir(b, samples[b]) for b in bs],
+                        )
+                    )
+
+        def finish() -> tuple[torch.Tensor, list[Any]]:
+            with self.stage("reward"):  # the wait: rewards computed meanwhile do not count here
+                done = [f.result() for f in futures]
+                G = self.cfg.rollout.n
+                rewards_local = torch.cat([d[0] for d in done]) if done else torch.zeros(0, G)
+                results_local = [r for d in done for r in d[1]]
+                parts = self.dist.gather((rewards_local, results_local))
+            rewards = torch.cat([part[0] for part in parts])  # [k, G]
+            results = [r for part in parts for r in part[1]]
+            self.errors += [e for r in results for e in r.errors]
+            self.sampler.update(idx, rewards)
+            return rewards, results
+
+        groups = [g for part in self.dist.gather(groups_local) for g in part]
+        got = Collected(idx, samples, prompts, groups, None, [], pending=finish)
+        return got if overlap else got.resolve()
+
+    def _timed_score(self, *args: Any) -> tuple[torch.Tensor, list]:
+        t0 = time.perf_counter()
+        try:
+            return self.score(*args)
+        finally:
+            self.reward_seconds += time.perf_counter() - t0
+
+    def _reward_thread(self) -> ThreadPoolExecutor:
+        """One background thread: rewards are scored in order, one chunk at a time (the composite reward and its
+        pool are not shared between threads)."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmrl-reward")
+        return self._thread
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
 
     def collect(self, step: int) -> Collected:
         """Step ``step``'s batch of ``train.prompts_per_step`` groups (only informative ones under dynamic sampling)."""
         k, a = self.cfg.train.prompts_per_step, self.cfg.algo
-        self.errors, self.step = [], step
-        if not a.dynamic_sampling:
-            got = self.one_round(k)
+        self.errors, self.step, self.reward_seconds = [], step, 0.0
+        if not a.dynamic_sampling:  # rewards may still be running: the trainer resolves them
+            got = self.one_round(k, overlap=self.cfg.train.overlap_rewards)
             got.stats = {"rollout/groups_generated": float(k), "rollout/sampling_rounds": 1.0}
             return got
         kept: list[Collected] = []

@@ -107,6 +107,13 @@ class Dist:
         k = n // self.world
         return range(self.rank * k, (self.rank + 1) * k)
 
+    def balanced(self, blocks: list[list[int]], costs: list[float]) -> list[int]:
+        """This rank's rows of a balanced split of ``blocks`` (rows that stay together: a group where a loss needs
+        whole groups, else one row) by ``costs`` (tokens): every rank gets the same number of blocks (the first ranks
+        one more where they do not divide evenly), and the costs are spread by longest-first greedy assignment to the
+        rank with the least so far. Deterministic: every rank computes every rank's share alike."""
+        return balanced_split(blocks, costs, self.world)[self.rank]
+
     def split(self, n: int) -> range:
         """This rank's contiguous part of ``n`` items that need not divide evenly (the first ranks take one more)."""
         k, extra = divmod(n, self.world)
@@ -166,3 +173,16 @@ class Dist:
         )
         ddp.register_comm_hook(None, _sum_hook)
         return ddp
+
+
+def balanced_split(blocks: list[list[int]], costs: list[float], world: int) -> list[list[int]]:
+    """:meth:`Dist.balanced` for every rank: ``world`` lists of rows, each in ascending order."""
+    capacity = [len(blocks) // world + (r < len(blocks) % world) for r in range(world)]
+    load, taken = [0.0] * world, [0] * world
+    out: list[list[int]] = [[] for _ in range(world)]
+    for b in sorted(range(len(blocks)), key=lambda b: (-costs[b], b)):
+        r = min((r for r in range(world) if taken[r] < capacity[r]), key=lambda r: (load[r], r))
+        out[r] += blocks[b]
+        load[r] += costs[b]
+        taken[r] += 1
+    return [sorted(rows) for rows in out]

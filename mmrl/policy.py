@@ -572,11 +572,13 @@ class Policy:
         go through the vision tower once; the rows' features are that one encoding repeated, handed to the model as
         ``mm_encoder_outputs`` (its pixel inputs are taken out of ``mm``). With a trainable tower the gradients of
         all rows flow into the one encoding. Returns ``{"mm_encoder_outputs": ...}``, or nothing where the model
-        takes no precomputed features or no prompt repeats (:func:`mmrl.families.encoder_calls`)."""
+        takes no precomputed features or no prompt repeats (:func:`mmrl.families.encoder_calls`). Not under FSDP:
+        there every module's forward is a collective (its shards are gathered), and one call per prompt would make
+        the ranks' collectives differ in number; the tower then runs once per micro-batch, as in the padded path."""
         from mmrl.families import concat_encoder_outputs, encoder_calls
 
         calls = encoder_calls(self.model)
-        if not calls or len({id(p) for p in prompts}) == len(prompts):
+        if self.sharded or not calls or len({id(p) for p in prompts}) == len(prompts):
             return {}
         dev, dtype = self.device, self.model.dtype
         out: dict[str, Any] = {}
@@ -651,20 +653,24 @@ class Policy:
 
         def score() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
             hidden, target, mask = self.completion_hidden(prompts, completions, packed)
-            keep = mask.bool()
+            B, T = mask.shape
+            # the real tokens' flat positions, from the host-side lengths (no data-dependent shape on the device)
+            keep = torch.tensor(
+                [i * T + t for i, c in enumerate(completions) for t in range(len(c))], device=mask.device
+            )
             with self.autocast():
                 lp, ent = selective_logprobs(
                     self.model.get_output_embeddings(),
-                    hidden[keep][None],
-                    target[keep][None],
+                    hidden.reshape(B * T, -1)[keep][None],
+                    target.reshape(B * T)[keep][None],
                     temperature=temperature,
                     suppress=self.suppress_mask,
                     with_entropy=with_entropy,
                     entropy_grad=entropy_grad,
                     chunk=self.cfg.logits_chunk_tokens,
                 )
-            logp = mask.new_zeros(mask.shape).masked_scatter(keep, lp[0])
-            entropy = None if ent is None else mask.new_zeros(mask.shape).masked_scatter(keep, ent[0])
+            logp = mask.new_zeros(B * T).index_put((keep,), lp[0]).view(B, T)
+            entropy = None if ent is None else mask.new_zeros(B * T).index_put((keep,), ent[0]).view(B, T)
             return logp, entropy, mask
 
         return self._scored(score)

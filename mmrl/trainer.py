@@ -184,6 +184,7 @@ class Trainer:
                         batch = self.make_batch(got)
                     with self.stage("ref_logprobs"):
                         batch.ref_logp = self.reference_logprobs(batch) if cfg.algo.kl_coef > 0 else None
+                    got.resolve()  # rewards scored meanwhile (train.overlap_rewards): the wait is time/reward
                     with self.stage("advantages"):
                         adv_stats = self.advantages(got, batch)
                     with self.stage("update"), self.policy.training():
@@ -207,6 +208,7 @@ class Trainer:
                     advance(metrics)
         finally:  # also on an exception or SIGTERM (the CLI turns it into SystemExit): no orphaned reward workers
             self.logger.close()
+            self.collector.close()
             self.reward.close()
         return metrics
 
@@ -267,9 +269,20 @@ class Trainer:
         for i, c in enumerate(comps):
             old[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
         flat_prompts = [p for p, g in zip(got.prompts, got.groups) for _ in g]
-        G = got.rewards.shape[1]
-        rows = [b * G + j for b in self.dist.share(len(got.groups)) for j in range(G)]
-        batch = RolloutBatch(flat_prompts, [c.token_ids for c in comps], G, old, rows=rows)
+        G = len(got.groups[0])
+        lengths = {b: len(p.input_ids) for b, p in enumerate(got.prompts) if p is not None}
+        if self.dist.active:  # every rank needs every prompt's length to split the rows alike
+            lengths = {b: n for part in self.dist.gather(lengths) for b, n in part.items()}
+        batch = RolloutBatch(
+            flat_prompts,
+            [c.token_ids for c in comps],
+            G,
+            old,
+            encode=lambda row: self.collector.encode(got.samples[row // G]),
+            prompt_lengths=[lengths[i // G] for i in range(len(comps))],
+        )
+        if self.dist.active:  # the no-grad passes' rows: balanced by tokens, whole groups
+            batch.rows = self.dist.balanced(*batch.blocks(list(range(len(comps))), G))
         a, self.mismatch = self.cfg.algo, {}
         if a.old_logprobs == "recompute" or self.estimator.needs_entropy:
             logp, ent = self.forward_no_grad(self.policy, batch, with_entropy=self.estimator.needs_entropy)
@@ -297,11 +310,11 @@ class Trainer:
         done: set[int] = set()
         for part in micros:
             if done.issuperset(part):
-                policy.logprobs([batch.prompts[j] for j in part], [batch.completions[j] for j in part])
+                policy.logprobs([batch.prompt(j) for j in part], [batch.completions[j] for j in part])
                 continue
             done.update(part)
             lp, e, _ = policy.logprobs(
-                [batch.prompts[j] for j in part],
+                [batch.prompt(j) for j in part],
                 [batch.completions[j] for j in part],
                 temperature=self._train_temperature(),
                 with_entropy=with_entropy,
@@ -371,6 +384,8 @@ class Trainer:
         t = self.timings
         rollout_tokens = sum(len(c.token_ids) for g in got.groups for c in g)
         out = {f"time/{k}": v for k, v in t.items()}
+        # scoring time, in the background while generation and the log-prob passes ran (time/reward: the wait)
+        out["time/reward_compute"] = self.collector.reward_seconds
         out["sys/rollout_tokens_per_s"] = rollout_tokens / t["rollout"] if t.get("rollout") else 0.0
         out["sys/train_tokens_per_s"] = self.updater.tokens / t["update"] if t.get("update") else 0.0
         return out

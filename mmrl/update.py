@@ -13,8 +13,11 @@ Every method is looked up by name and called through one shape, so nothing here 
 - an entropy bonus subtracts ``algo.entropy_coef`` x the aggregated token entropy (with its gradient).
 
 Mini-batches are drawn from the batch's global rows with a generator seeded by (seed, step), so every process of a
-multi-process run draws the same ones; each process back-propagates the rows it owns (``batch.rows``) over the
-global mini-batch's units, and gradients are summed across processes before clipping (:mod:`mmrl.distributed`).
+multi-process run draws the same ones and the update does not depend on the number of processes. Each mini-batch is
+split over the processes afresh, balanced (:meth:`mmrl.distributed.Dist.balanced`: the same number of rows or whole
+groups each, tokens spread longest first), so no rank waits on a larger share; a row whose prompt another rank
+encoded is encoded here on demand (``RolloutBatch.prompt``). Each process back-propagates its share over the global
+mini-batch's units, and gradients are summed across processes before clipping (:mod:`mmrl.distributed`).
 """
 
 from __future__ import annotations
@@ -46,12 +49,38 @@ class RolloutBatch:
     ref_logp: torch.Tensor | None = None  # [N, T]
     entropy: torch.Tensor | None = None  # [N, T] under pi_old, for estimators that need it
     advantages: torch.Tensor | None = None  # [N] or [N, T]
-    rows: list[int] | None = None  # the rows this process scores and trains on (None: all)
+    rows: list[int] | None = None  # the rows this process scores in the no-grad passes (None: all)
     rollout_weights: torch.Tensor | None = None  # [N, T] detached token-loss weights (rollout correction)
+    # balanced ranks: the prompt of any row, encoded on demand (rows move between ranks), and every row's prompt
+    # length (gathered), so that every rank can split the work alike
+    encode: Callable[[int], EncodedPrompt] | None = None
+    prompt_lengths: list[int] | None = None
 
     @property
     def local_rows(self) -> list[int]:
         return list(range(len(self.completions))) if self.rows is None else self.rows
+
+    def prompt(self, row: int) -> EncodedPrompt:
+        """Row ``row``'s prompt, encoded here first if another rank encoded it (one object per group)."""
+        p = self.prompts[row]
+        if p is None:
+            if self.encode is None:
+                raise ValueError(f"row {row}'s prompt is not on this rank and the batch cannot encode it")
+            p = self.encode(row)
+            G = self.group_size
+            for r in range(row // G * G, row // G * G + G):
+                self.prompts[r] = p
+        return p
+
+    def tokens(self, row: int) -> int:
+        """Prompt + completion tokens of ``row``."""
+        P = self.prompt_lengths[row] if self.prompt_lengths is not None else len(self.prompt(row).input_ids)
+        return P + len(self.completions[row])
+
+    def blocks(self, rows: list[int], unit: int) -> tuple[list[list[int]], list[float]]:
+        """``rows`` in blocks of ``unit`` and each block's tokens."""
+        blocks = [rows[i : i + unit] for i in range(0, len(rows), unit)]
+        return blocks, [float(sum(self.tokens(r) for r in b)) for b in blocks]
 
     @property
     def mask(self) -> torch.Tensor:  # [N, T]
@@ -77,14 +106,10 @@ def micro_batches(batch: RolloutBatch, rows: list[int], unit: int, cfg: Config) 
     if budget <= 0:
         size = max(unit, cfg.optim.micro_batch_size // unit * unit)
         return [rows[s : s + size] for s in range(0, len(rows), size)]
-    blocks = [rows[i : i + unit] for i in range(0, len(rows), unit)]
-
-    def tokens(block: list[int]) -> int:
-        return sum(len(batch.prompts[r].input_ids) + len(batch.completions[r]) for r in block)  # type: ignore[union-attr]
-
-    bins: list[tuple[int, list[int]]] = []
-    for block in sorted(blocks, key=tokens, reverse=True):
-        n = tokens(block)
+    blocks, costs = batch.blocks(rows, unit)
+    bins: list[tuple[float, list[int]]] = []
+    for b in sorted(range(len(blocks)), key=lambda b: (-costs[b], b)):
+        block, n = blocks[b], costs[b]
         for k, (used, members) in enumerate(bins):
             if used + n <= budget:
                 bins[k] = (used + n, members + block)
@@ -141,13 +166,21 @@ class PolicyUpdate:
         full_mask = batch.mask
         # the global mini-batch's denominator (every aggregation's units add up over any split of the rows)
         units = self.agg.units(full_mask[rows])
-        mine = set(batch.local_rows)
-        micros = micro_batches(batch, [r for r in rows if r in mine], unit, self.cfg)
+        # balanced ranks: this mini-batch's blocks split over the ranks by tokens, equal counts (the mini-batch
+        # itself is drawn from the global rows, so the update does not depend on the number of processes)
+        if not self.dist.active:
+            mine = rows
+        elif batch.encode is None and batch.prompt_lengths is None:  # a batch that cannot move rows: its own
+            own = set(batch.local_rows)
+            mine = [r for r in rows if r in own]
+        else:
+            mine = self.dist.balanced(*batch.blocks(rows, unit))
+        micros = micro_batches(batch, mine, unit, self.cfg)
         weights = [1.0] * len(micros)
         # zero-weight padding micro-batches: under FSDP every forward is a collective (pad to the most any rank
         # has); under DDP every rank runs the one synchronising backward (pad a rank with no rows to one)
         most = max(self.dist.gather(len(micros))) if pol.sharded else max(len(micros), int(pol.distributed))
-        pad = batch.local_rows[:unit]
+        pad = (mine or batch.local_rows)[:unit]
         micros, weights = micros + [pad] * (most - len(micros)), weights + [0.0] * (most - len(micros))
         self.opt.zero_grad(set_to_none=True)
         acc = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0}
@@ -176,7 +209,7 @@ class PolicyUpdate:
         token count (a zero-weight padding micro-batch runs both passes and counts nothing)."""
         a, dev, pol = self.cfg.algo, self.policy.device, self.policy
         logp, ent, mask = pol.logprobs(
-            [batch.prompts[i] for i in part],
+            [batch.prompt(i) for i in part],
             [batch.completions[i] for i in part],
             temperature=self.temperature,
             entropy_grad=a.entropy_coef != 0,

@@ -63,3 +63,9 @@ def render_marker(batch: list[RewardInput]) -> list[RewardResult]:
                 f.write(x.response)
         out.append(RewardResult(score=float(render_dir is not None)))
     return out
+
+
+def slow_length(batch: list[RewardInput], *, seconds: float = 0.05) -> list[RewardResult]:
+    """Like a rendering reward: ``seconds`` of wall time per item (sleeping, so it overlaps generation)."""
+    time.sleep(seconds * len(batch))
+    return [RewardResult(score=float(len(x.response.split()))) for x in batch]
