@@ -23,7 +23,7 @@ How it fits mmrl's data parallelism (:mod:`mmrl.distributed`):
   the optimizer state.
 
 With ``model.dtype: bfloat16`` the blocks are gathered in bf16 and gradients reduced in fp32
-(``MixedPrecisionPolicy``); the sharded fp32 parameters stay the master weights.
+(``MixedPrecisionPolicy``); the sharded fp32 trainable parameters stay the master weights.
 
 With LoRA (``model.lora``), peft injects the adapters before sharding, so each block's FSDP unit holds its frozen
 base weights and its trainable adapters together (FSDP2 shards both and reduces gradients only for the adapters,

@@ -56,6 +56,12 @@ class ModelShapes:
     in_channels: int = 3
     max_positions: int = 32768
     linears: tuple[tuple[str, int, int], ...] = ()  # every nn.Linear: (name, in, out), for LoRA
+    # plain Linear/Conv weights but the head's (biases apart): frozen, Policy.from_pretrained stores them in
+    # model.dtype; all of them under LoRA, the vision side's under freeze_vision. first_matmul: the model's first
+    # parameter when it is one of them (it sets model.dtype, in which the policy collates pixels)
+    matmul_weights: int = 0
+    vision_matmul_weights: int = 0
+    first_matmul: str | None = None
     decoder: str = (
         "model.language_model"  # the text decoder's module name (mmrl.families.language_model_prefix)
     )
@@ -107,7 +113,7 @@ def model_shapes(folder: str) -> ModelShapes:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from mmrl.families import language_model_prefix
+    from mmrl.families import is_vision_param, language_model_prefix
 
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
@@ -122,6 +128,14 @@ def model_shapes(folder: str) -> ModelShapes:
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     tied = head is not None and head.weight is embed.weight
     patch = int(_get(vision_cfg, "patch_size", default=14))
+    decoder = language_model_prefix(model)
+    types = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)  # exact, as the policy casts
+    matmul = {
+        f"{n}.weight": m.weight.numel()
+        for n, m in model.named_modules()
+        if type(m) in types and m is not head
+    }
+    first = next(n for n, p in model.named_parameters() if p.is_floating_point())
     return ModelShapes(
         source=folder,
         params=_count(model),
@@ -143,7 +157,10 @@ def model_shapes(folder: str) -> ModelShapes:
             for n, m in model.named_modules()
             if isinstance(m, torch.nn.Linear) and m is not head
         ),
-        decoder=language_model_prefix(model),
+        matmul_weights=sum(matmul.values()),
+        vision_matmul_weights=sum(v for k, v in matmul.items() if is_vision_param(k, decoder)),
+        first_matmul=first if first in matmul else None,
+        decoder=decoder,
     )
 
 
@@ -304,6 +321,8 @@ class Setup:
     ddp: bool
     trainable: int  # parameters the optimizer holds (whole model, before sharding)
     adapters: int  # LoRA parameters (0 without LoRA)
+    frozen_low: int  # the policy's frozen Linear/Conv weights, stored in model.dtype (0 in fp32)
+    pixels_low: bool  # the policy collates pixels in model.dtype (its first parameter is one of them)
     vision_trainable: bool
     vision_graph: bool  # the tower's forward is recorded for a backward (trainable, or LoRA's input hook)
     micro: int  # rows of an update micro-batch on this rank
@@ -321,6 +340,8 @@ class Setup:
 
 
 def setup(cfg: Config, opts: PlanOptions | None = None) -> Setup:
+    from mmrl.families import is_vision_param
+
     opts = opts or PlanOptions()
     shapes = model_shapes(str(config_folder(cfg.model.path, opts.model_config)))
     hw = hardware(cfg, opts)
@@ -330,6 +351,9 @@ def setup(cfg: Config, opts: PlanOptions | None = None) -> Setup:
     vision_trainable = not lora and not cfg.model.freeze_vision and shapes.vision is not None
     trainable = adapters if lora else shapes.params - (0 if vision_trainable else shapes.vision_params)
     mode = "fp32" if cfg.model.dtype == "float32" else "bf16" if fsdp else "autocast"
+    frozen = _frozen_low(shapes, cfg)
+    first = shapes.first_matmul
+    pixels_low = bool(frozen) and first is not None and (lora or is_vision_param(first, shapes.decoder))
     rows = cfg.train.prompts_per_step * cfg.rollout.n // hw.world  # this rank's rows per step
     per_mini = max(1, math.ceil(rows / cfg.algo.mini_batches))
     return Setup(
@@ -342,6 +366,8 @@ def setup(cfg: Config, opts: PlanOptions | None = None) -> Setup:
         ddp=hw.world > 1 and not fsdp,
         trainable=trainable,
         adapters=adapters,
+        frozen_low=frozen,
+        pixels_low=pixels_low,
         vision_trainable=vision_trainable,
         # peft makes the inputs require grad when checkpointing (transformers hooks the patch embedding too), so
         # under LoRA the frozen tower's activations are kept and back-propagated through
@@ -352,6 +378,16 @@ def setup(cfg: Config, opts: PlanOptions | None = None) -> Setup:
         ref_copy=cfg.algo.kl_coef > 0 and not lora,
         old_forward=cfg.algo.old_logprobs == "recompute" or _needs_entropy(cfg),
     )
+
+
+def _frozen_low(shapes: ModelShapes, cfg: Config) -> int:
+    """The frozen Linear/Conv weights :meth:`Policy.from_pretrained` stores in ``model.dtype``: every one but the
+    head's under LoRA, the vision side's under ``freeze_vision``; none in fp32."""
+    if cfg.model.dtype == "float32":
+        return 0
+    if cfg.model.lora.r > 0:
+        return shapes.matmul_weights
+    return shapes.vision_matmul_weights if cfg.model.freeze_vision else 0
 
 
 def _micro_rows(cfg: Config) -> int:
@@ -447,14 +483,28 @@ def transient(s: Setup, kind: str) -> float:
 
 def weight_copies(s: Setup, *, text: bool = True) -> float:
     """The bf16 copies autocast caches of the fp32 trainable matmul weights until a forward's end (FSDP's bf16
-    weights need none; LoRA's frozen base is cast per use, not cached); ``text=False``: the vision tower's only (what
-    exists while it runs, before the language model)."""
+    weights need none, nor the frozen ones, stored in bf16: LoRA's base, a frozen tower); ``text=False``: the vision
+    tower's only (what exists while it runs, before the language model)."""
     if s.mode != "autocast":
         return 0.0
     if s.lora:
         return 2.0 * s.adapters
     vision = s.shapes.vision.matmul_params if s.vision_trainable else 0
     return 2.0 * ((s.shapes.text.matmul_params if text else 0) + vision)
+
+
+def _recast(s: Setup, kind: str) -> float:
+    """A checkpointed block recomputed in the backward casts its fp32 trainable matmul weights to bf16 again
+    (autocast) and keeps the copies until its backward ends: the whole block, or its adapters under LoRA (the frozen
+    weights are stored in bf16)."""
+    if s.mode != "autocast":
+        return 0.0
+    tower = s.shapes.text if kind == "text" else s.shapes.vision
+    if s.lora:
+        lo, vision = s.cfg.model.lora, kind == "vision"
+        adapters = sum(lo.r * (i + o) for n, i, o in adapted(s.shapes, s.cfg) if _is_vision(n) == vision)
+        return 2.0 * adapters / tower.layers
+    return 2.0 * tower.block_params if kind == "text" or s.vision_trainable else 0.0
 
 
 def _fsdp_gathered(s: Setup, backward: bool) -> float:
@@ -494,9 +544,10 @@ def _pixel_elements(s: Setup) -> int:
 
 
 def _pixels(s: Setup, patches: int, *, policy: bool) -> float:
-    """The micro-batch's pixels, collated in the model's parameter dtype (fp32 for the policy), alive through the
+    """The micro-batch's pixels, collated in ``model.dtype`` (its first parameter's: fp32 for the policy unless that
+    is a frozen weight stored in bf16, Qwen's patch embedding under LoRA or freeze_vision), alive through the
     scoring."""
-    per = 4 if policy else DTYPE_BYTES[s.cfg.model.dtype]
+    per = DTYPE_BYTES[s.cfg.model.dtype] if not policy or s.pixels_low else 4
     return per * _pixel_elements(s) * patches
 
 
@@ -535,12 +586,11 @@ def update_activations(s: Setup) -> dict[str, float]:
     if s.vision_graph and patches:
         kept_vis = v.layers * patches * (in_v * v.hidden if ckpt else block_keep(s, "vision"))
         kept_vis += _vision_extras(s, patches)
-    copies = weight_copies(s) + (2.0 * t.matmul_params if s.lora and not ckpt else 0.0)
+    copies = weight_copies(s)  # a frozen base needs none: the bf16 weight it keeps for the backward is stored
     kept_text += _pixels(s, patches, policy=True)
     kept = kept_text + kept_vis + (0.0 if ckpt else copies) + _fsdp_gathered(s, True)
     head_grad = not s.lora  # LoRA freezes the head and the embedding
     tied = 4.0 * sh.vocab * t.hidden if head_grad and sh.head_params == 0 else 0.0  # waits for the embedding
-    cast = 2.0 if s.mode == "autocast" else 0.0  # a recomputed block's bf16 weights
     phases = {
         "forward": kept_text + kept_vis + copies + transient(s, "text") * tok + _fsdp_gathered(s, False),
         "head": kept
@@ -549,11 +599,11 @@ def update_activations(s: Setup) -> dict[str, float]:
         "embedding": (3 * tied or 4.0 * sh.embed_params * head_grad) + (copies if not ckpt else 0.0),
     }
     if ckpt:
-        phases["text backward"] += block_keep(s, "text") * tok + cast * t.block_params
+        phases["text backward"] += block_keep(s, "text") * tok + _recast(s, "text")
     if kept_vis:
         vision_back = kept_vis + tied + 8 * v.hidden * patches + _fsdp_gathered(s, True)
         if ckpt:
-            vision_back += block_keep(s, "vision") * patches + cast * v.block_params
+            vision_back += block_keep(s, "vision") * patches + _recast(s, "vision")
         phases["vision backward"] = vision_back
     return phases | {"peak": max(phases.values())}
 
@@ -576,10 +626,11 @@ def nograd_activations(s: Setup, *, policy: bool) -> float:
     phases = [base + copies + 2 * tok * stream * t.hidden + 3 * rows * s.seq.total**2 + lingering]
     phases[0] += transient(s, "text") * tok
     if v is not None and patches:
-        cast = 2 * _pixel_elements(s) if policy and s.mode == "autocast" else 0  # the patch embedding's input
+        autocast = policy and s.mode == "autocast" and not s.pixels_low
+        cast = 2 * _pixel_elements(s) if autocast else 0  # the patch embedding's input
         per_patch = 2 * v.hidden + 8 * (v.hidden // v.heads) + max(cast, transient(s, "vision"))
         phases.append(base + (weight_copies(s, text=False) if policy else 0.0) + patches * per_patch)
-    if not policy and dtype_bytes != 4:  # collating: the fp32 pixels and their copy in the model's dtype
+    if (not policy or s.pixels_low) and dtype_bytes != 4:  # collating: the fp32 pixels and their copy
         phases.append(base + 4 * _pixel_elements(s) * patches)
     fp32_head = (policy and s.mode != "bf16") or dtype_bytes == 4
     entropy = policy and _needs_entropy(s.cfg)

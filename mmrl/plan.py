@@ -10,9 +10,12 @@ The model of memory, per rank (one process per GPU), in bytes; ``P`` parameters,
 MLP widths, ``S`` the sequence (prompt + response) and ``T`` the response length, ``B`` the micro-batch rows:
 
 - **Policy weights**: the trainable policy is loaded in fp32 whatever ``model.dtype`` (:meth:`Policy.from_pretrained`:
-  fp32 master weights, bf16 autocast compute), LoRA's frozen base included: ``4 P``. Frozen copies (the reference
-  model) are stored in ``model.dtype``: ``2 P`` in bf16. FSDP2 (``train.fsdp``, :mod:`mmrl.fsdp`) divides the policy's
-  weights, gradients and optimizer state by the world size; the reference is not sharded.
+  fp32 master weights, bf16 autocast compute): ``4 P``; but its frozen ``Linear``/``Conv`` weights (every one but the
+  head's under LoRA, the vision side's with ``model.freeze_vision``; ``P_frozen``) are stored in ``model.dtype``,
+  since autocast would round them to it at every use: ``4 P - 2 P_frozen`` in bf16 (embeddings, norms, biases, the
+  head and MoE expert tensors stay fp32). Frozen copies (the reference model) are stored in ``model.dtype``: ``2 P``
+  in bf16. FSDP2 (``train.fsdp``, :mod:`mmrl.fsdp`) divides the policy's weights, gradients and optimizer state by
+  the world size; the reference is not sharded.
 - **Gradients** (fp32, trainable parameters): allocated by the update's first backward and freed right after the
   optimizer step (:class:`mmrl.update.PolicyUpdate`), so only the update stage holds them; under DDP (several
   processes, no FSDP) they are DDP's buckets (``gradient_as_bucket_view``), allocated once and held in every stage.
@@ -32,23 +35,25 @@ MLP widths, ``S`` the sequence (prompt + response) and ``T`` the response length
   weights, streams the policy's tensors one at a time, then wakes the KV cache.
 - **Activations of the update** (one micro-batch of ``B`` rows, forward and backward;
   :func:`mmrl.memory.update_activations`). Per token and block, what autograd keeps for the backward, counted op by
-  op: bf16 autocast over fp32 weights (the residual stream stays fp32) keeps ``34 h + 8 m`` in a decoder layer and
-  in a vision block; FSDP's bf16 mixed precision ``26 h + 8 m`` / ``32 h + 8 m``; fp32 ``40 h + 16 m`` /
-  ``52 h + 16 m``; plus ``4 heads + 8`` (softmax statistics) and, in a decoder layer, the padding mask as a bias
-  (``2 S`` per token; fp32 ``4 S``). With gradient checkpointing a block keeps only its input (``4 h``; bf16
-  ``2 h``) and the backward recomputes one block at a time. Autocast caches a bf16 copy of every trainable matmul
-  weight (``2 P_matmul``) until the backbone's forward ends. The peak is the largest of: the end of the forward
-  (what is kept, the copies, one layer's transient ``4 h + 6 m``), the head's backward (five ``chunk x V x 4``
-  buffers, or a trainable head weight's gradient summed over the chunks: three ``4 V h`` copies), the backward
-  through the top decoder layer and the top vision block (what is kept plus the recomputed block), and the
-  embedding's gradient at the very end (three ``4 V h`` copies when the head is tied to it: the head's gradient
-  waits there through the whole backward). Also kept: the micro-batch's fp32 pixels, the merger's and the final
-  norm's tensors, rotary tables, the ``B x S x S`` boolean mask. The vision tower sees ``merge^2`` patches per
-  visual token, one image per row (a group's rows each encode it). LoRA: the frozen base keeps no inputs for weight
-  gradients, each adapter its bf16 input and ``2 r`` (with dropout, CUDA's 1-byte mask per input element); without
-  checkpointing the base's bf16 casts (``2 P_text``) are kept; with checkpointing peft's input hook (which
-  transformers puts on the patch embedding too) records the frozen vision tower, so its inputs are kept and
-  back-propagated through.
+  op: bf16 autocast over fp32 weights (the residual stream stays fp32) keeps ``34 h + 8 m`` in a decoder layer and in
+  a vision block; FSDP's bf16 mixed precision ``26 h + 8 m`` / ``32 h + 8 m``; fp32 ``40 h + 16 m`` / ``52 h + 16 m``;
+  plus ``4 heads + 8`` (softmax statistics) and, in a decoder layer, the padding mask as a bias (``2 S`` per token;
+  fp32 ``4 S``). With gradient checkpointing a block keeps only its input (``4 h``; bf16 ``2 h``) and the backward
+  recomputes one block at a time (casting its trainable matmul weights again: the block's, or its adapters' under
+  LoRA). Autocast caches a bf16 copy of every trainable matmul weight (``2 P_matmul``) until the backbone's forward
+  ends; frozen ones, stored in bf16, need no copy. The peak is the largest of: the end of the forward (what is kept,
+  the copies, one layer's transient ``4 h + 6 m``), the head's backward (five ``chunk x V x 4`` buffers, or a
+  trainable head weight's gradient summed over the chunks: three ``4 V h`` copies), the backward through the top
+  decoder layer and the top vision block (what is kept plus the recomputed block), and the embedding's gradient at the
+  very end (three ``4 V h`` copies when the head is tied to it: the head's gradient waits there through the whole
+  backward). Also kept: the micro-batch's pixels (fp32, or bf16 where the model's first parameter, which sets
+  ``model.dtype``, is a frozen weight stored in bf16: Qwen's patch embedding), the merger's and the final norm's
+  tensors, rotary tables, the ``B x S x S`` boolean mask. The vision tower sees ``merge^2`` patches per visual token,
+  one image per row (a group's rows each encode it). LoRA: the frozen base keeps no inputs for weight gradients, each
+  adapter its bf16 input and ``2 r`` (with dropout, CUDA's 1-byte mask per input element); the base keeps its bf16
+  weight for the backward, which is the stored one (no copy); with checkpointing peft's input hook (which transformers
+  puts on the patch embedding too) records the frozen vision tower, so its inputs are kept and back-propagated
+  through.
 - **Log-probs** (old / reference, no grad; :func:`mmrl.memory.nograd_activations`): the largest of the vision
   tower's phase, the language model's (the fp32 policy's autocast copies, the embeddings, one layer's transient and
   mask bias) and the head's (``2 + entropy`` buffers of ``chunk x V x 4`` bytes; a bf16 head's fp32 copy ``4 V h``).
@@ -191,7 +196,7 @@ def _components(s: Setup) -> dict[str, dict[str, float]]:
         nograd_activations(s, policy=True) if s.lora and s.cfg.algo.kl_coef > 0 else 0.0,
     )
     rows = {
-        "policy weights (fp32)": _every(4.0 * (sh.params + s.adapters) / s.shard),
+        "policy weights (fp32)": _every(_policy_weights(s)),
         "gradients (fp32)": _every(grads) if s.ddp else _only("update", grads),
         "AdamW state (2 x fp32)": _every(8.0 * train),
         "reference model": _every(ref),
@@ -206,6 +211,12 @@ def _components(s: Setup) -> dict[str, dict[str, float]]:
     if e is not None:
         rows |= _engine_rows(e)
     return {k: {st: float(v.get(st, 0.0)) for st in STAGES} for k, v in rows.items()}
+
+
+def _policy_weights(s: Setup) -> float:
+    """fp32 master weights (adapters included), the frozen Linear/Conv weights in ``model.dtype``; sharded by FSDP."""
+    low = DTYPE_BYTES[s.cfg.model.dtype] * s.frozen_low
+    return (4.0 * (s.shapes.params + s.adapters - s.frozen_low) + low) / s.shard
 
 
 def _engine_rows(e: Engine) -> dict[str, dict[str, float]]:
@@ -428,9 +439,10 @@ def _run_text(s: Setup) -> str:
     c = s.cfg
     kind = f"LoRA r={c.model.lora.r}" if s.lora else "full fine-tuning"
     precision = {"autocast": "bf16 autocast over fp32 master weights", "bf16": "FSDP bf16 mixed precision"}
+    frozen = f" ({s.frozen_low / 1e9:.2f} B frozen Linear/Conv weights in bf16)" if s.frozen_low else ""
     parts = [
         f"{kind} ({s.trainable / 1e9:.2f} B trainable)",
-        precision.get(s.mode, "fp32"),
+        precision.get(s.mode, "fp32") + frozen,
         "gradient checkpointing" if c.model.gradient_checkpointing else "no gradient checkpointing",
         f"{s.hw.world} process(es)" + (", FSDP2" if s.fsdp else ", DDP" if s.ddp else ""),
         ("a reference copy" if s.ref_copy else "no reference copy"),

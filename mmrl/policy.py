@@ -20,7 +20,9 @@ Hardening that real checkpoints need (issue 6):
 - Mixed precision with fp32 master weights: ``model.dtype: bfloat16`` keeps the trainable parameters (and so AdamW's
   update and state) in fp32 and runs every forward under bf16 autocast, as FSDP's mixed precision does. An update of
   lr 1e-6 then changes the weights as in fp32; bf16 parameters would round it away (1e-6 is far below bf16's spacing
-  near typical weights, ~1e-4). Frozen copies (the reference model, evaluation) are stored in bf16 directly.
+  near typical weights, ~1e-4). Frozen copies (the reference model, evaluation) are stored in bf16 directly, and so
+  are the trainable policy's frozen ``Linear``/``Conv`` weights (LoRA's base, a ``freeze_vision`` tower): autocast
+  would round them at every use, so storing them rounded changes no value (tests/test_frozen_dtype.py).
 - Modes: updates run in train mode (so gradient checkpointing is active: HF only checkpoints when ``training``) with
   every dropout module kept in eval mode, so the training forward is the same function the engine sampled from;
   generation runs in eval mode.
@@ -205,7 +207,15 @@ class Policy:
     @classmethod
     def from_pretrained(cls, cfg: ModelConfig, path: str | None = None, *, trainable: bool = True) -> Policy:
         """Load a VLM. ``trainable`` policies keep fp32 master weights (compute in ``cfg.dtype`` under autocast);
-        frozen ones (reference model, evaluation) are stored in ``cfg.dtype``."""
+        frozen ones (reference model, evaluation) are stored in ``cfg.dtype``.
+
+        In a trainable policy the frozen ``Linear``/``Conv`` weights (LoRA's base, a ``freeze_vision`` tower) are
+        stored in ``cfg.dtype`` too: autocast would round each to it at every use (every decode step included), and
+        rounding once gives the same values, so the numerics are unchanged for half their memory and no per-op cast.
+        Embeddings, norms, biases and the output head stay fp32 (:func:`mmrl.logprobs.head_logits` scores the head
+        in fp32). Checkpoints save them as stored: a bf16 release's own values, in its own dtype. LoRA merges still
+        add in fp32 (:func:`_merge_lora`). FSDP2 shards such mixed units from torch 2.8 on (only the trainable
+        parameters of a unit must share a dtype)."""
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         # a LoRA checkpoint holds the adapter only: the base weights come from model.path
@@ -251,6 +261,13 @@ class Policy:
         peft_model = None
         if cfg.lora.r > 0 and trainable:
             peft_model = _add_lora(model, cfg, adapter=Path(path) / "adapter" if path else None)
+        if trainable and cfg.dtype != "float32":  # frozen matmul weights in the compute dtype (see above)
+            head = model.get_output_embeddings()
+            fp32 = {id(m) for m in head.modules()} if head is not None else set()
+            matmul = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+            for m in model.modules():  # exact types: a subclass may run its weight outside autocast
+                if type(m) in matmul and id(m) not in fp32 and not m.weight.requires_grad:
+                    m.weight.data = m.weight.data.to(getattr(torch, cfg.dtype))
         model.eval()
         return cls(model, processor, cfg, peft_model)
 

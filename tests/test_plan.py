@@ -165,6 +165,39 @@ def test_sharding_lora_and_activations_by_hand():
     )  # every trainable matmul weight
 
 
+def test_frozen_matmul_weights_are_planned_in_bf16_as_the_policy_stores_them():
+    """Under bf16 Policy.from_pretrained stores the frozen Linear/Conv weights in bf16 (tests/test_frozen_dtype.py):
+    the tiny model's text projections 2 x 147,456 (q 128x128, k/v 128x64, o 128x128, MLP 3 x 128x256) and its
+    vision side's 255,488 (patch embedding 75,264, blocks 2 x 40,960, merger 98,304) under LoRA, the vision side's
+    under freeze_vision, none in fp32 or when everything trains. The planned row is the loaded policy's bytes."""
+    from mmrl.policy import Policy
+
+    P, text, vision = 939_712, 2 * 147_456, 255_488
+    s = memory.model_shapes(str(ROOT / TINY))
+    assert (s.matmul_weights, s.vision_matmul_weights) == (text + vision, vision)
+    assert s.first_matmul == "model.visual.patch_embed.proj.weight"  # model.dtype, the policy's pixels' dtype
+    A = 2 * 8 * (256 + 192 + 192 + 256 + 384 + 384 + 384)
+    cases = {
+        ("model.dtype=bfloat16", "model.lora.r=8"): (4.0 * (P + A) - 2.0 * (text + vision), True),
+        ("model.dtype=bfloat16", "model.freeze_vision=true"): (4.0 * P - 2.0 * vision, True),
+        ("model.dtype=float32", "model.lora.r=8"): (4.0 * (P + A), False),
+        ("model.dtype=bfloat16",): (4.0 * P, False),
+    }
+    for overrides, (weights, pixels_low) in cases.items():
+        cfg = _tiny([*overrides, "model.device=cpu"])
+        p = plan.plan_run(cfg)
+        assert p.rows["policy weights (fp32)"]["update"] == weights, overrides
+        assert p.setup.pixels_low == pixels_low, overrides
+        loaded = Policy.from_pretrained(cfg.model).model.parameters()
+        assert sum(q.numel() * q.element_size() for q in loaded) == weights, overrides
+    # FSDP shards them in their own dtype
+    fsdp = _tiny(["model.dtype=bfloat16", "model.freeze_vision=true", "train.fsdp=true"])
+    assert (
+        plan.plan_run(fsdp, plan.PlanOptions(gpus=4)).rows["policy weights (fp32)"]["update"]
+        == (4.0 * P - 2.0 * vision) / 4
+    )
+
+
 def s_opts(s):
     return plan.PlanOptions(text_tokens=s.seq.text_tokens, images=s.seq.images)
 
