@@ -67,8 +67,11 @@ def _chunk_logp_entropy(
     suppress: torch.Tensor | None,  # [V] bool or None
     with_entropy: bool,
     entropy_grad: bool = False,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = head_logits(head, hidden)  # [n, V] fp32: the one chunk-sized buffer kept until the chunk ends
+    if softcap:  # the model's final logit soft-capping (Gemma 2/4): c * tanh(logits / c), as its forward does
+        logits = torch.tanh(logits / softcap) * softcap
     if temperature != 1.0:
         logits = logits / temperature
     if suppress is not None:
@@ -97,11 +100,13 @@ def selective_logprobs(
     with_entropy: bool = True,
     entropy_grad: bool = False,
     chunk: int = 1024,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log softmax(head(hidden) / temperature)[target]`` and the entropy, ``[B, T]`` each, chunk by chunk.
 
     Gradients flow through the log-probs when ``hidden`` requires grad, and through the entropy too when
-    ``entropy_grad`` (an entropy bonus in the loss).
+    ``entropy_grad`` (an entropy bonus in the loss). ``softcap``: the model's final logit soft-capping
+    (``final_logit_softcapping``: Gemma 2 and 4 apply ``c * tanh(logits / c)`` after the head), applied in fp32.
     """
     B, T, H = hidden.shape
     flat_h, flat_t = hidden.reshape(B * T, H), target.reshape(B * T)
@@ -116,6 +121,7 @@ def selective_logprobs(
             suppress,
             with_entropy,
             entropy_grad,
+            softcap,
         )
         if grad:
             lp, ent = checkpoint(_chunk_logp_entropy, *args, use_reentrant=False)

@@ -507,6 +507,14 @@ class Policy:
         return hidden, target.to(self.device), attn[:, P:].float()
 
     @cached_property
+    def logit_softcap(self) -> float | None:
+        """The model's final logit soft-capping (``final_logit_softcapping`` of its text config: Gemma 2 and 4), which
+        its own forward applies after the head and the scoring here must apply too; None where there is none."""
+        config = self.model.config
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return getattr(text, "final_logit_softcapping", None) or None
+
+    @cached_property
     def packs(self) -> bool:
         """Whether micro-batches are scored packed: ``model.packing``, the family can
         (:func:`mmrl.families.packing_support`) and the attention attends each packed sequence alone
@@ -685,6 +693,7 @@ class Policy:
                     with_entropy=with_entropy,
                     entropy_grad=entropy_grad,
                     chunk=self.cfg.logits_chunk_tokens,
+                    softcap=self.logit_softcap,
                 )
             logp = mask.new_zeros(B * T).index_put((keep,), lp[0]).view(B, T)
             entropy = None if ent is None else mask.new_zeros(B * T).index_put((keep,), ent[0]).view(B, T)
@@ -701,6 +710,8 @@ class Policy:
             hidden, target, mask = self.completion_hidden(prompts, targets)
             with self.autocast():  # [B, T, V] logits at once: warm starts are short
                 logits = self.model.get_output_embeddings()(hidden).float()
+                if self.logit_softcap:
+                    logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
             ce = F.cross_entropy(
                 logits.transpose(1, 2), target, reduction="none", label_smoothing=label_smoothing
             )

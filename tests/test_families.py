@@ -31,9 +31,9 @@ MORE_SIZES = [(1, 1), (28, 28), (32, 32), (56, 56), (640, 480), (333, 334)]
 # Beyond ~1:30 at these budgets transformers' own smart_resize gives a zero side (and a wrong token count); mmrl keeps
 # one grid step (tests/test_geometry.py), so these are checked against the grid only.
 EXTREME = [(13, 500), (1000, 37)]
-# HF engine vs training forward, fp32: 1e-5, but Gemma 4 (soft-capped logits, bidirectional image attention) shows
-# float noise up to 1.2e-5 between its batched generation and the padded scoring batch
-TOL = {"gemma4": 2e-5}
+# HF engine vs training forward, fp32: 1e-5 for every family (Gemma 4's final logit soft-capping is applied by the
+# scoring too: without it isolated tokens differed by up to 1.3e-4)
+TOL: dict[str, float] = {}
 # budgets in merged patches of each grid: 4..16 (the tiny processors' own)
 BUDGET = {28: (4 * 28 * 28, 16 * 28 * 28), 32: (4 * 32 * 32, 16 * 32 * 32)}
 

@@ -9,18 +9,29 @@ log-probs the trainer scores (up to the bf16 backbone's own kernel differences b
 full forward).
 
 The engine builds its own processor chain, in this order: suppress vision placeholders -> record the log-prob ->
-temperature -> top-k -> top-p. The recorder keeps one step of ``[B, V]`` scaled logits (to read the log-prob of the
-token drawn from them at the next step) instead of ``output_logits`` for every step, which at Qwen's vocabulary and
-1,024-token responses would be ``B x 1024 x 151,936`` floats. Sampling settings come only from
-:class:`SamplingParams`: the policy has replaced the checkpoint's generation config by a neutral one, and every field
-transformers would otherwise default (top_k=50!) is set here explicitly.
+temperature -> top-k -> top-p -> draw. The recorder keeps one step of ``[B, V]`` scaled logits (to read the log-prob
+of the token drawn from them at the next step) instead of ``output_logits`` for every step, which at Qwen's vocabulary
+and 1,024-token responses would be ``B x 1024 x 151,936`` floats. Sampling settings come only from
+:class:`SamplingParams`: the policy has replaced the checkpoint's generation config by a neutral one, and ``generate``
+runs greedy, so transformers adds none of its own warpers (its top_k would default to 50!).
+
+The draw is hand-written (:func:`draw`, run by the chain's last processor, which hands ``generate`` a one-hot row for
+its argmax to take), because transformers samples with ``torch.multinomial``, which for one sample draws an Exp(1)
+variate per vocabulary entry (``argmax(p / q)``): on CPU that was most of a decode step. :func:`draw` is exact
+inverse-CDF sampling with one uniform per row (the same distribution, ``tests/test_hf_sampler.py``, and the same
+``torch.manual_seed`` reproducibility); at Qwen's vocabulary (151,936) on one CPU thread it takes 0.11 ms for 8 rows
+and 1.3 ms for 64, where multinomial takes 17-19 and 154-167 ms (130-170x; with the softmax and the one-hot row, the
+whole processor vs transformers' softmax + multinomial: ~35x at 8 rows, ~8x at 64, ``benchmarks/sampler.py``).
+Greedy decoding (temperature 0) has no draw: the argmax of the suppressed logits.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
+import torch.nn.functional as F
 
 from mmrl.logprobs import fp32_head
 from mmrl.policy import EncodedPrompt, Policy
@@ -59,6 +70,51 @@ class _LogprobRecorder:
             if self.logps
             else sequences.new_zeros(sequences.shape, dtype=torch.float)
         )
+
+
+def draw(probs: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs [B, V]`` (rows need not sum to 1), drawn with ``P(v) = probs[v] / probs.sum()``.
+
+    Inverse-CDF sampling with one float64 uniform per row from the global RNG (``torch.manual_seed`` repeats a run),
+    in two levels so that no ``[B, V]`` cumulative sum is written: the row is cut into blocks of ~sqrt(V) tokens, a
+    block is picked by its mass, then a token inside it by what is left of the same uniform. Block masses are float32
+    sums (relative error ~1e-7, as the probabilities' own) and the cumulative sums float64, so every token owns a
+    slice of [0, total) as wide as its probability (a float32 CDF over 151,936 tokens would round each slice to whole
+    ulps of 6e-8: rare tokens drawn too often or never). A zero-probability token's slice is empty and a
+    ``right=True`` search never stops on one; the rare row where rounding leaves the uniform at the very end of the
+    row or of its block (``u * total == total``) is redrawn by ``torch.multinomial``, and so is a NaN row, which
+    multinomial then reports. On CUDA the check costs one host sync per step, as generate's own stopping check does.
+    """
+    B, V = probs.shape
+    size = math.isqrt(V)
+    full = V // size * size
+    mass = probs[:, :full].unflatten(-1, (-1, size)).sum(-1)  # [B, nb]
+    if full < V:
+        mass = torch.cat([mass, probs[:, full:].sum(-1, keepdim=True)], dim=-1)
+    mass = mass.double()
+    cdf = F.pad(mass.cumsum(-1), (1, 0))  # [B, nb + 1], cdf[:, b] = mass of the blocks before b
+    u = torch.rand(B, 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]  # [B, 1]
+    block = (torch.searchsorted(cdf, u, right=True) - 1).clamp_(max=mass.shape[1] - 1)  # [B, 1]
+    tokens = block * size + torch.arange(size, device=probs.device)  # [B, size]
+    inside = probs.gather(-1, tokens.clamp(max=V - 1)).double().masked_fill_(tokens >= V, 0.0)  # [B, size]
+    pick = torch.searchsorted(inside.cumsum(-1), u - cdf.gather(-1, block), right=True).clamp_(max=size - 1)
+    token = tokens.gather(-1, pick).clamp_(max=V - 1)  # [B, 1]
+    bad = ~(probs.gather(-1, token) > 0).squeeze(-1)  # [B]; NaN rows too, which multinomial then reports
+    if bad.any():
+        token[bad] = torch.multinomial(probs[bad], 1)
+    return token.squeeze(-1)
+
+
+class _Draw:
+    """The chain's last processor: draws the next token from ``softmax(scores)`` with :func:`draw` and returns a
+    one-hot row (0 at the drawn token, -inf elsewhere), which generate's greedy argmax then takes. A processor put
+    after it (a test forcing a token) still decides, as it would under sampling."""
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(scores.float(), dim=-1)  # [B, V]
+        token = draw(probs)  # [B]
+        # the one-hot row reuses the softmax's buffer: a fresh [B, V] tensor costs as much again in page faults on CPU
+        return probs.fill_(float("-inf")).scatter_(-1, token[:, None], 0.0)
 
 
 def _warn_truncated_sampling(params: SamplingParams) -> None:
@@ -114,6 +170,7 @@ class HFEngine:
                 chain.append(TopKLogitsWarper(params.top_k))
             if params.top_p < 1.0:
                 chain.append(TopPLogitsWarper(params.top_p))
+            chain.append(_Draw())
         return chain, recorder
 
     def _generate_batch(self, prompts: list[EncodedPrompt], params: SamplingParams) -> list[Completion]:
@@ -122,14 +179,11 @@ class HFEngine:
         pol = self.policy
         ids, attn, mm, P = pol.collate(prompts)
         chain, recorder = self._processors(params)
-        sampling = params.temperature > 0
-        # when sampling, temperature/top-k/top-p are applied by the chain, after the recorder; transformers would
-        # otherwise add its own (top_k defaults to 50). Greedy decoding adds no warpers at all.
-        warpers = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if sampling else {}
+        # greedy for transformers in both modes: when sampling, the chain ends in _Draw, whose one-hot row argmax
+        # takes; so transformers adds no warpers of its own (its top_k would default to 50) and never calls multinomial
         config = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
-            do_sample=sampling,
-            **warpers,
+            do_sample=False,
             eos_token_id=pol.eos_ids,
             pad_token_id=pol.pad_id,
             bos_token_id=pol.model.generation_config.bos_token_id,
