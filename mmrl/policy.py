@@ -575,7 +575,7 @@ class Policy:
         token = PACKED.set(True)
         try:
             with self.autocast():
-                shared = self._encode_media_once(prompts, mm)
+                shared = self.encode_media_once(prompts, mm)
                 last = self._packed_forward(rows, positions, cu, lengths, mm | shared, dev)
         finally:
             PACKED.reset(token)
@@ -592,7 +592,7 @@ class Policy:
         ]  # [B, T, H]; positions past a completion's end hold the first token's state
         return hidden, target.to(dev), mask.to(dev)
 
-    def _encode_media_once(self, prompts: list[EncodedPrompt], mm: dict[str, torch.Tensor]) -> dict[str, Any]:
+    def encode_media_once(self, prompts: list[EncodedPrompt], mm: dict[str, torch.Tensor]) -> dict[str, Any]:
         """Vision once per prompt: the G rows of a group share one :class:`EncodedPrompt`, whose images (and videos)
         go through the vision tower once; the rows' features are that one encoding repeated, handed to the model as
         ``mm_encoder_outputs`` (its pixel inputs are taken out of ``mm``). With a trainable tower the gradients of

@@ -208,3 +208,38 @@ def test_auto_attention_is_sdpa_on_padded_batches_and_packs_only_where_varlen(ti
         a = auto.logprobs(prompts, comps, packed=False)[0]
         b = sdpa.logprobs(prompts, comps, packed=False)[0]
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl", "internvl", "llama4"])
+def test_generation_encodes_each_prompts_media_once(family, tiny_family, media, monkeypatch):
+    """The HF engine generates n rows per prompt from one vision encoding (mm_encoder_outputs), and samples exactly
+    the tokens (and log-probs) it samples from n encodings of the same pixels."""
+    import mmrl.families as families
+    from mmrl.rollout import SamplingParams
+    from mmrl.rollout.hf import HFEngine
+
+    policy = Policy.from_pretrained(
+        ModelConfig(path=str(tiny_family(family)), min_pixels=3136, max_pixels=12544)
+    )
+    prompts = [policy.encode(s) for s in _samples(media, video=False)]
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6)
+    calls: list[str] = []
+    real = families.encoder_calls
+
+    def counting(model):
+        return {
+            m: (pix, (lambda *a, _f=fn, _m=m, **k: calls.append(_m) or _f(*a, **k)), takes)
+            for m, (pix, fn, takes) in real(model).items()
+        }
+
+    monkeypatch.setattr(families, "encoder_calls", counting)
+    torch.manual_seed(0)
+    shared = HFEngine(policy, batch_size=3).generate(prompts, params)
+    assert calls == ["image", "image"]  # two prompts with images, three rows each
+    monkeypatch.setattr(families, "encoder_calls", lambda model: {})  # the pixels of every row, as before
+    torch.manual_seed(0)
+    plain = HFEngine(policy, batch_size=3).generate(prompts, params)
+    for g, h in zip(shared, plain):
+        for c, d in zip(g, h):
+            assert c.token_ids == d.token_ids
+            assert max(abs(a - b) for a, b in zip(c.logprobs, d.logprobs)) < 1e-5

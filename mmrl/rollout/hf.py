@@ -192,6 +192,10 @@ class HFEngine:
         )
         pol.model.eval()
         with pol.autocast(), fp32_head(pol.model.get_output_embeddings()):
+            # the n rows of a prompt are the same EncodedPrompt: its media go through the vision tower once, and
+            # generate gets the features (mm_encoder_outputs) instead of n copies of the pixels
+            with torch.no_grad():
+                mm = mm | pol.encode_media_once(prompts, mm)
             out = pol.model.generate(
                 input_ids=ids,
                 attention_mask=attn,
