@@ -355,6 +355,16 @@ def train_tokenizer(
     return tokenizer
 
 
+def qwen_media_token_ids(ids: dict[str, int]) -> dict[str, int]:
+    """A Qwen-VL config's media token ids, from the tokenizer's ids of :data:`QWEN_SPECIAL_TOKENS`."""
+    return {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+    }
+
+
 def tiny_config(tokenizer: Qwen2Tokenizer) -> Qwen2_5_VLConfig:
     """The tiny model's config, with token ids taken from ``tokenizer``."""
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
@@ -369,10 +379,7 @@ def tiny_config(tokenizer: Qwen2Tokenizer) -> Qwen2_5_VLConfig:
     return Qwen2_5_VLConfig(
         text_config=text,
         vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **qwen_media_token_ids(ids),
         tie_word_embeddings=True,
     )
 

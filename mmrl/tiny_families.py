@@ -51,6 +51,7 @@ from mmrl.tiny import (
     FORMAT_TAGS,
     QWEN3_TOOL_TAGS,
     QWEN_SPECIAL_TOKENS,
+    qwen_media_token_ids,
     tokenizer_corpus,
     train_tokenizer,
 )
@@ -330,10 +331,7 @@ def _qwen_config(family: str, tokenizer: Any):
     return config_cls(
         text_config=text,
         vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **qwen_media_token_ids(ids),
         tie_word_embeddings=True,
     )
 
@@ -471,10 +469,7 @@ def _qwen2_vl(seed: int) -> tuple[Any, Any, list[str], tuple[str, ...]]:
     config = Qwen2VLConfig(
         text_config=text,
         vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **qwen_media_token_ids(ids),
         tie_word_embeddings=True,
     )
     with torch.random.fork_rng(devices=[]):
