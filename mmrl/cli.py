@@ -8,6 +8,7 @@ mmrl compare DIR_A DIR_B
 mmrl report RUN_DIR
 mmrl list
 mmrl reward NAME ...            (see ``mmrl reward --help``)
+mmrl reward serve --rewards NAMES --port P --token-file F [--host H] [...]   (a reward server)
 mmrl build-tiny [--family NAME] [--out DIR] [--seed N]
 mmrl info
 """

@@ -1,8 +1,13 @@
-"""``mmrl reward``: score responses with one reward from the command line, to debug a reward or a recipe's data.
+"""``mmrl reward``: score responses with one reward from the command line, to debug a reward or a recipe's data;
+``mmrl reward serve`` runs a reward server.
 
     mmrl reward NAME --response FILE --reference FILE [--image FILE ...] [--option K=V ...] [--metadata FILE.json]
                 [--render-dir DIR] [--json]
     mmrl reward NAME --batch FILE.jsonl [--option K=V ...] [--render-dir DIR] [--json]
+    mmrl reward serve --rewards NAME[,NAME...] --port P --token-file F [--host 127.0.0.1] [--option NAME.K=V ...]
+                [--workers 2] [--timeout-s 30] [--max-body-mb 64] [--max-image-mb 16] [--max-items 4096]
+    mmrl reward remote --option urls=http://HOST:P[,...] --option reward=NAME --option token_file=F
+                (--response FILE --reference FILE | --batch FILE.jsonl) [...]
 
 NAME is a registered reward or ``path/to/file.py:function``. The reference file is read as JSON when it parses, else
 as raw text (trailing newlines dropped); the response file is used verbatim. ``--option`` values are JSON when they
@@ -16,6 +21,11 @@ line prints ``{"line": N, "error": ...}`` and the others are still scored.
 Output: ``{"score": ..., "parts": {...}}`` (plus ``"error"`` when the reward raised; batch lines also carry ``"id"``).
 Exit code: 0 on success, 2 on bad input (a clear message on stderr; in batch mode: any bad line), 1 when the reward
 itself raised on some input.
+
+``serve`` is a mode, not a reward: it serves the ``--rewards`` over HTTP (protocol, limits and auth in
+:mod:`mmrl.reward_server`) until SIGINT/SIGTERM, each reward's options given as ``--option NAME.KEY=VALUE``; a bad
+token file, reward or option exits 2 before it binds. ``remote`` is the registered reward that sends the inputs to
+such servers (:mod:`mmrl.rewards.remote`): the images given here travel inline, and ``--render-dir`` does not apply.
 """
 
 from __future__ import annotations
@@ -36,12 +46,12 @@ class InputError(ValueError):
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "reward",
-        help="score responses with one reward (debugging)",
+        help="score responses with one reward (debugging); `mmrl reward serve`: serve rewards over HTTP",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("name", help="registered reward name or path/to/file.py:function")
-    mode = p.add_mutually_exclusive_group(required=True)
+    p.add_argument("name", help="registered reward name, path/to/file.py:function, or serve (run a server)")
+    mode = p.add_mutually_exclusive_group()
     mode.add_argument("--response", type=Path, help="file holding one response")
     mode.add_argument("--batch", type=Path, help="JSONL file, one input object per line")
     p.add_argument("--reference", type=Path, help="file holding the reference (JSON or raw text)")
@@ -55,6 +65,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--render-dir", type=Path, help="rendering rewards save their renders here")
     p.add_argument("--id", default="cli", help="sample id used in messages (single mode)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    s = p.add_argument_group("mmrl reward serve")
+    s.add_argument("--rewards", help="comma-separated rewards to serve")
+    s.add_argument("--port", type=int, help="port to listen on")
+    s.add_argument("--token-file", help="file holding the shared token (chmod 600)")
+    s.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
+    s.add_argument("--workers", type=int, default=2, help="worker processes per heavy reward (default 2)")
+    s.add_argument("--timeout-s", type=float, default=30.0, help="per-item timeout of a heavy reward (30)")
+    s.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body, MiB (64)")
+    s.add_argument("--max-image-mb", type=float, default=16.0, help="largest image, MiB (16)")
+    s.add_argument("--max-items", type=int, default=4096, help="most items in one request (4096)")
     p.set_defaults(fn=run)
     return p
 
@@ -62,7 +84,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from mmrl.rewards.base import call_reward
 
+    if args.name == "serve":
+        return _serve(args)
     try:
+        if args.response is None and args.batch is None:
+            raise InputError("give --response FILE (with --reference FILE) or --batch FILE.jsonl")
         spec, options = _load(args)
         if args.batch is not None:
             return _run_batch(args, spec, options)
@@ -73,6 +99,40 @@ def run(args: argparse.Namespace) -> int:
     result = call_reward(spec.fn, spec.name, [item], options)[0]
     _emit(result.to_json(), args.json)
     return 1 if result.error is not None else 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    missing = [f for f in ("rewards", "port", "token_file") if getattr(args, f) is None]
+    try:
+        if missing:
+            raise InputError(f"serve needs --{missing[0].replace('_', '-')}")
+        if args.response is not None or args.batch is not None:
+            raise InputError("serve takes no --response or --batch (clients send the inputs)")
+        options: dict[str, dict[str, Any]] = {}
+        for text in args.option:
+            key, value = _parse_option(text)
+            name, dot, opt = key.rpartition(".")
+            if not dot or not name:
+                raise InputError(f"--option {text!r}: write it as REWARD.key=value when serving")
+            options.setdefault(name, {})[opt] = value
+        from mmrl.reward_server import Limits, serve
+
+        mib = 1 << 20
+        limits = Limits(int(args.max_body_mb * mib), int(args.max_image_mb * mib), args.max_items)
+        rewards = [r.strip() for r in args.rewards.split(",") if r.strip()]
+        return serve(
+            rewards,
+            token_file=args.token_file,
+            port=args.port,
+            host=args.host,
+            options=options,
+            workers=args.workers,
+            timeout_s=args.timeout_s,
+            limits=limits,
+        )
+    except (InputError, ValueError) as e:
+        print(f"mmrl reward serve: {e}", file=sys.stderr)
+        return 2
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:

@@ -7,7 +7,7 @@ The LaTeX-table rewards need the rendering sandbox; their modules are imported w
 import importlib
 import importlib.util
 
-from . import general, gui, pathology  # noqa: F401  (registration happens on import)
+from . import general, gui, pathology, remote  # noqa: F401  (registration happens on import)
 
 for _optional in ("mmrl.rewards.latex_table", "mmrl.rewards.latex_table_html"):
     if importlib.util.find_spec(_optional) is not None:

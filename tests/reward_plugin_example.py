@@ -69,3 +69,35 @@ def slow_length(batch: list[RewardInput], *, seconds: float = 0.05) -> list[Rewa
     """Like a rendering reward: ``seconds`` of wall time per item (sleeping, so it overlaps generation)."""
     time.sleep(seconds * len(batch))
     return [RewardResult(score=float(len(x.response.split()))) for x in batch]
+
+
+@register_reward("plugin_slow_heavy", heavy=True)
+def slow_heavy(batch: list[RewardInput], *, seconds: float = 0.05) -> list[RewardResult]:
+    """Heavy (runs in the worker pool): ``seconds`` of wall time per item, scores the number of words."""
+    time.sleep(seconds * len(batch))
+    return [
+        RewardResult(score=float(len(x.response.split())), parts={"chars": float(len(x.response))})
+        for x in batch
+    ]
+
+
+def image_pixels(batch: list[RewardInput]) -> list[RewardResult]:
+    """Pixels of the first image (a path or a PIL image) and a checksum of them (``score=None`` without an image)."""
+    import zlib
+
+    from PIL import Image
+
+    out = []
+    for x in batch:
+        if not x.images:
+            out.append(RewardResult(score=None))
+            continue
+        first = x.images[0]
+        if isinstance(first, Image.Image):
+            rgb = first.convert("RGB")
+        else:
+            with Image.open(first) as im:
+                rgb = im.convert("RGB")
+        parts = {"crc": float(zlib.crc32(rgb.tobytes())), "images": float(len(x.images))}
+        out.append(RewardResult(score=float(rgb.width * rgb.height), parts=parts))
+    return out
