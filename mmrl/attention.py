@@ -1,6 +1,6 @@
 """Attention for packed micro-batches: ``model.attn_implementation: auto``.
 
-A packed row (:meth:`mmrl.policy.Policy._packed_hidden`) holds several sequences end to end. transformers' ``sdpa``
+A packed row (:func:`mmrl.packing.packed_hidden`) holds several sequences end to end. transformers' ``sdpa``
 runs it as one sequence under a block-diagonal ``[N, N]`` mask that it builds element by element: attention then costs
 ``N^2`` for ``N = sum L_i`` instead of ``sum L_i^2`` (8 sequences of 500 tokens: 16 M scores instead of 2 M), and
 building the mask alone takes seconds on a CPU. Flash-attention's varlen kernels take the cumulative lengths instead

@@ -424,7 +424,7 @@ def lora_targets(linears: list[str], decoder: str, vision: bool = False) -> list
     ``gate_up_proj``, Qwen3.5's linear-attention ``in_proj_qkv``/``in_proj_z``/``in_proj_b``/``in_proj_a``/
     ``out_proj``, shared experts and their ``shared_expert_gate``), and with ``vision`` every ``Linear`` of the
     vision tower and projector too. Fused MoE expert weights are 3-D parameters, not ``Linear`` modules: they stay
-    frozen, and ``model.lora.experts`` is refused (:func:`mmrl.policy.lora_config`)."""
+    frozen, and ``model.lora.experts`` is refused (:func:`mmrl.lora.lora_config`)."""
     text = [n for n in linears if n.startswith(f"{decoder}.")]
     if not text:
         raise ValueError(f"no Linear layer under {decoder}: set model.lora.target_modules explicitly")
@@ -461,7 +461,7 @@ def release_transposes(model: Any) -> list[tuple[str, int, int]]:
 
 
 def packing_support(model: Any, processor: Any = None) -> tuple[bool, str]:
-    """Whether a micro-batch of this model can be scored as one packed row (:meth:`mmrl.policy.Policy._packed_hidden`)
+    """Whether a micro-batch of this model can be scored as one packed row (:func:`mmrl.packing.packed_hidden`)
     with the padded path's log-probs, and if not why. Read from the checkpoint, never from a family's name:
 
     - linear-attention layers (``layer_types`` holding ``linear_attention``: Qwen3.5's Gated-DeltaNet) keep packed

@@ -62,6 +62,7 @@ import torch.nn.functional as F
 
 from mmrl.config import ModelConfig
 from mmrl.logprobs import selective_logprobs
+from mmrl.lora import add_lora, lora_layers, lora_owner, merge_lora
 from mmrl.types import Sample
 
 if TYPE_CHECKING:
@@ -214,7 +215,7 @@ class Policy:
         rounding once gives the same values, so the numerics are unchanged for half their memory and no per-op cast.
         Embeddings, norms, biases and the output head stay fp32 (:func:`mmrl.logprobs.head_logits` scores the head
         in fp32). Checkpoints save them as stored: a bf16 release's own values, in its own dtype. LoRA merges still
-        add in fp32 (:func:`_merge_lora`). FSDP2 shards such mixed units from torch 2.8 on (only the trainable
+        add in fp32 (:func:`merge_lora`). FSDP2 shards such mixed units from torch 2.8 on (only the trainable
         parameters of a unit must share a dtype)."""
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -260,7 +261,7 @@ class Policy:
                     p.requires_grad_(False)
         peft_model = None
         if cfg.lora.r > 0 and trainable:
-            peft_model = _add_lora(model, cfg, adapter=Path(path) / "adapter" if path else None)
+            peft_model = add_lora(model, cfg, adapter=Path(path) / "adapter" if path else None)
         if trainable and cfg.dtype != "float32":  # frozen matmul weights in the compute dtype (see above)
             head = model.get_output_embeddings()
             fp32 = {id(m) for m in head.modules()} if head is not None else set()
@@ -493,9 +494,11 @@ class Policy:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Final hidden states at the positions predicting each completion token ``[B, T, H]``, the tokens
         ``[B, T]`` and the mask ``[B, T]`` (1 on real completion tokens). ``packed`` (default: :attr:`packs`):
-        one forward over the sequences packed into one row without padding (:meth:`_packed_hidden`)."""
+        one forward over the sequences packed into one row without padding (:func:`mmrl.packing.packed_hidden`)."""
         if self.packs if packed is None else packed:
-            return self._packed_hidden(prompts, completions)
+            from mmrl.packing import packed_hidden
+
+            return packed_hidden(self, prompts, completions)
         ids, attn, mm, P = self.collate(prompts, completions)
         T = ids.shape[1] - P
         target = torch.full((len(prompts), T), self.pad_id, dtype=torch.long)
@@ -524,113 +527,6 @@ class Policy:
 
         attn = getattr(self.model.config, "_attn_implementation", None)
         return self.cfg.packing and is_varlen(attn) and packing_support(self.model, self.processor)[0]
-
-    def _packed_hidden(
-        self, prompts: list[EncodedPrompt], completions: list[list[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`completion_hidden` of the sequences packed end to end into one row: no padding token is computed.
-
-        Each sequence keeps the positions it has alone (and so in generation): text positions restart at 0 per
-        sequence, and a multimodal-RoPE model's 3-D positions are its own ``get_rope_index`` of that sequence with
-        its own grids (prepended by the text positions, the ``[4, 1, L]`` layout transformers reads packed masks
-        from). With no attention mask, transformers builds the block-diagonal causal mask from where the positions
-        restart (``masking_utils.find_packed_sequence_indices``); flash-attention's varlen kernels and linear
-        attention read the cumulative lengths passed alongside. The media tensors are concatenated in row order as
-        in a padded batch, and the hidden states are gathered back into the ``[B, T, H]`` layout of the padded path
-        (the head runs only where the mask is 1)."""
-        from mmrl.attention import PACKED
-        from mmrl.families import rope_positions
-
-        dev = self.device
-        seq_keys = sorted({k for p in prompts for k in p.seq})
-        rows, text_pos, mrope, starts = [], [], [], []
-        seq: dict[str, list[torch.Tensor]] = {k: [] for k in seq_keys}
-        n = 0
-        for p, c in zip(prompts, completions):
-            ct = torch.as_tensor(c, dtype=torch.long)
-            row = torch.cat([p.input_ids, ct.masked_fill(self._is_suppressed(ct), self.pad_id)])
-            P, L = len(p.input_ids), len(row)
-            rows.append(row)
-            starts.append(n + P - 1)  # position n + P - 1 + t predicts completion token t
-            n += L
-            text_pos.append(torch.arange(L))
-            for k in seq_keys:
-                dtype = next(q.seq[k].dtype for q in prompts if k in q.seq)
-                own = p.seq.get(k, torch.zeros(P, dtype=dtype))
-                seq[k].append(torch.cat([own.to(dtype), torch.zeros(len(c), dtype=dtype)]))
-            mrope.append(rope_positions(self.model, row, p.mm, {k: v[-1] for k, v in seq.items()}))
-        positions = torch.cat(text_pos)[None]  # [1, N]
-        if mrope[0] is not None:  # [1 + k, 1, N]: text positions first, then the model's k rope axes
-            positions = torch.cat([positions[None], torch.cat(mrope, dim=-1)[:, None]], dim=0)
-        lengths = torch.tensor([len(r) for r in rows])
-        cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(dev, torch.int32)
-        mm = {k: torch.cat(v)[None].to(dev) for k, v in seq.items()}
-        for key in sorted({k for p in prompts for k in p.mm}):
-            parts = _padded(
-                [p.mm[key] for p in prompts if key in p.mm], -1 if key.endswith("position_ids") else 0
-            )
-            mm[key] = torch.cat(parts, dim=0).to(dev)
-            if mm[key].is_floating_point():
-                mm[key] = mm[key].to(self.model.dtype)
-        token = PACKED.set(True)
-        try:
-            with self.autocast():
-                shared = self.encode_media_once(prompts, mm)
-                last = self._packed_forward(rows, positions, cu, lengths, mm | shared, dev)
-        finally:
-            PACKED.reset(token)
-        T = max((len(c) for c in completions), default=0)
-        index = torch.zeros((len(rows), T), dtype=torch.long)
-        target = torch.full((len(rows), T), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), T))
-        for i, (start, c) in enumerate(zip(starts, completions)):
-            index[i, : len(c)] = torch.arange(start, start + len(c))
-            target[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
-            mask[i, : len(c)] = 1.0
-        hidden = last[
-            index.to(dev)
-        ]  # [B, T, H]; positions past a completion's end hold the first token's state
-        return hidden, target.to(dev), mask.to(dev)
-
-    def encode_media_once(self, prompts: list[EncodedPrompt], mm: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """Vision once per prompt: the G rows of a group share one :class:`EncodedPrompt`, whose images (and videos)
-        go through the vision tower once; the rows' features are that one encoding repeated, handed to the model as
-        ``mm_encoder_outputs`` (its pixel inputs are taken out of ``mm``). With a trainable tower the gradients of
-        all rows flow into the one encoding. Returns ``{"mm_encoder_outputs": ...}``, or nothing where the model
-        takes no precomputed features or no prompt repeats (:func:`mmrl.families.encoder_calls`). Not under FSDP:
-        there every module's forward is a collective (its shards are gathered), and one call per prompt would make
-        the ranks' collectives differ in number; the tower then runs once per micro-batch, as in the padded path."""
-        from mmrl.families import concat_encoder_outputs, encoder_calls
-
-        calls = encoder_calls(self.model)
-        if self.sharded or not calls or len({id(p) for p in prompts}) == len(prompts):
-            return {}
-        dev, dtype = self.device, self.model.dtype
-        out: dict[str, Any] = {}
-        for modality, (pixels, fn, takes) in calls.items():
-            owners = [p for p in prompts if pixels in p.mm]
-            if not owners:
-                continue
-            once: dict[int, Any] = {}
-            for p in owners:
-                if id(p) not in once:
-                    kw = {k: v.to(dev) for k, v in p.mm.items() if k in takes and k != pixels}
-                    once[id(p)] = fn(p.mm[pixels].to(dev, dtype), return_dict=True, **kw)
-            out[modality] = concat_encoder_outputs([once[id(p)] for p in owners])
-            mm.pop(pixels)
-        return {"mm_encoder_outputs": out} if out else {}
-
-    def _packed_forward(self, rows, positions, cu, lengths, mm, dev) -> torch.Tensor:
-        return self._last_hidden(
-            input_ids=torch.cat(rows)[None].to(dev),
-            position_ids=positions.to(dev),
-            use_cache=False,
-            cu_seq_lens_q=cu,
-            cu_seq_lens_k=cu,
-            max_length_q=int(lengths.max()),
-            max_length_k=int(lengths.max()),
-            **mm,
-        )[0]  # [N, H]
 
     def _last_hidden(self, **inputs: Any) -> torch.Tensor:
         """The final hidden states ``[B, L, H]`` (after the last norm, before the head) of a forward with the media:
@@ -737,14 +633,14 @@ class Policy:
         Nothing is gathered up front: the plain model's tensors are read (and cast) one by one; under FSDP each
         tensor is all-gathered from the shards, cast first so that a bf16 engine gathers bf16
         (:func:`mmrl.fsdp.stream_full_tensors`; a collective per tensor: every rank must consume the whole
-        iterator). With LoRA an adapted ``Linear`` is yielded merged (:func:`_merge_lora`, fp32 arithmetic) as soon
+        iterator). With LoRA an adapted ``Linear`` is yielded merged (:func:`merge_lora`, fp32 arithmetic) as soon
         as its base weight and adapters have been read; those few tensors are gathered as stored (fp32 master
         weights), so the merge rounds once, into ``dtype``. Names follow the model's own order, which keeps each
         layer's tensors together (vLLM's layerwise reload buffers a layer until all of its weights have arrived)."""
-        lora = _lora_layers(self.model) if self.peft is not None else {}
+        lora = lora_layers(self.model) if self.peft is not None else {}
 
         def gather_dtype(name: str) -> torch.dtype | None:
-            return None if _lora_owner(name, lora) else dtype
+            return None if lora_owner(name, lora) else dtype
 
         if self.sharded:
             from mmrl.fsdp import stream_full_tensors
@@ -755,7 +651,7 @@ class Policy:
                 (k, v.detach() if gather_dtype(k) is None else v.detach().to(gather_dtype(k)))
                 for k, v in self.model.state_dict().items()
             )
-        return _checkpoint_layout(self.model, _merge_lora(items, lora, dtype))
+        return _checkpoint_layout(self.model, merge_lora(items, lora, dtype))
 
     def merged_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """The model's weights in the plain HF layout as one dict (a merged checkpoint), from ``state`` (a sharded
@@ -763,8 +659,8 @@ class Policy:
         :meth:`stream_weights`."""
         if state is None:
             state = {k: v.detach() for k, v in self.model.state_dict().items()}
-        lora = _lora_layers(self.model) if self.peft is not None else {}
-        return dict(_merge_lora(iter(state.items()), lora, None))
+        lora = lora_layers(self.model) if self.peft is not None else {}
+        return dict(merge_lora(iter(state.items()), lora, None))
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Under FSDP the full weights gathered on rank 0 (a collective: call it on every rank; other ranks get an
@@ -843,70 +739,6 @@ def _padded(parts: list[torch.Tensor], fill: int = 0) -> list[torch.Tensor]:
     return out
 
 
-def _lora_layers(model: torch.nn.Module) -> dict[str, Any]:
-    """The model's LoRA layers by module name; only plain ``Linear`` adapters (no DoRA) can be merged."""
-    from peft.tuners.lora import Linear as LoraLinear
-    from peft.tuners.lora import LoraLayer
-
-    layers = {}
-    for name, module in model.named_modules():
-        if not isinstance(module, LoraLayer):
-            continue
-        dora = any(getattr(module, "use_dora", {}).get(a, False) for a in module.active_adapters)
-        if not isinstance(module, LoraLinear) or dora:
-            raise TypeError(
-                f"LoRA layer {name} is a {type(module).__name__}: only plain Linear adapters can be merged; "
-                "narrow model.lora.target_modules to Linear projections"
-            )
-        layers[name] = module
-    return layers
-
-
-def _lora_owner(key: str, layers: dict[str, Any]) -> str | None:
-    """The LoRA layer a state key belongs to (``<layer>.base_layer.*``, ``<layer>.lora_A.*``, ...), or None."""
-    for marker in (".base_layer.", ".lora_"):
-        owner = key.split(marker)[0] if marker in key else None
-        if owner in layers:
-            return owner
-    return None
-
-
-def _merge_lora(
-    items: Iterable[tuple[str, torch.Tensor]], layers: dict[str, Any], dtype: torch.dtype | None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """``items`` (state keys in model order) with each LoRA layer's tensors replaced by its merged weight
-    ``W + sum_a scaling_a B_a A_a`` (peft's ``get_delta_weight`` for ``Linear``, computed here from the tensors
-    because a sharded module holds only its shard) and its bias, yielded once the layer's last tensor has been read.
-    Merged tensors are cast to ``dtype`` (default: the base weight's); the others are passed on as they come."""
-    owner, held = None, {}
-    for key, t in items:
-        layer = _lora_owner(key, layers)
-        if held and layer != owner:
-            yield from _merged_layer(owner, layers[owner], held, dtype)
-            held = {}
-        if layer is None:
-            yield key, t
-        else:
-            owner = layer
-            held[key[len(layer) + 1 :]] = t
-    if held:
-        yield from _merged_layer(owner, layers[owner], held, dtype)
-
-
-def _merged_layer(
-    name: str, module: Any, held: dict[str, torch.Tensor], dtype: torch.dtype | None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    w = held["base_layer.weight"]
-    delta = torch.zeros_like(w, dtype=torch.float32)
-    for a in module.active_adapters:
-        d = held[f"lora_B.{a}.weight"].float() @ held[f"lora_A.{a}.weight"].float()
-        delta += (d.T if module.fan_in_fan_out else d) * module.scaling[a]
-    yield f"{name}.weight", (w.float() + delta).to(dtype or w.dtype)
-    if "base_layer.bias" in held:
-        bias = held["base_layer.bias"]
-        yield f"{name}.bias", bias if dtype is None else bias.to(dtype)
-
-
 class _Scoring(torch.nn.Module):
     """What DDP wraps: the HF model, with a ``forward`` that runs a scoring closure over it."""
 
@@ -916,69 +748,3 @@ class _Scoring(torch.nn.Module):
 
     def forward(self, fn):
         return fn()
-
-
-def _add_lora(model: Any, cfg: ModelConfig, adapter: Path | None) -> Any:
-    """Inject LoRA adapters into ``model`` in place (fresh, or loaded from a checkpoint's ``adapter/``)."""
-    from peft import PeftModel, get_peft_model
-
-    with _native_peft_targets():
-        if adapter is not None:
-            if not (adapter / "adapter_config.json").is_file():
-                raise FileNotFoundError(
-                    f"LoRA checkpoint without an adapter: {adapter} (was it saved with model.lora.r > 0?)"
-                )
-            return PeftModel.from_pretrained(model, str(adapter), is_trainable=True)
-        return get_peft_model(model, lora_config(model, cfg))
-
-
-@contextmanager
-def _native_peft_targets():
-    """Keep peft from rewriting mmrl's LoRA targets as transformers-v4 MoE names.
-
-    peft (0.19-0.21) converts every LoRA config it injects as if it were written for transformers v4: on a model
-    whose conversion mapping fused the experts (GLM-4.5V, Qwen3-MoE and the other ``qwen2_moe``-mapped types) any
-    target ending in ``.gate_proj``/``.up_proj``/``.down_proj`` is taken for a v4 expert, dropped from
-    ``target_modules`` and turned into the fused ``target_parameters``: GLM-4.5V's dense first MLP and its shared
-    experts then get no adapter, and the frozen experts get one (huggingface/peft#3711, open). mmrl's targets are
-    whole module names of the loaded v5 model, and its saved adapters are v5 ones, so there is nothing to convert:
-    the conversion is switched off while mmrl injects or loads an adapter."""
-    try:
-        from peft.utils import transformers_weight_conversion as conv
-    except ImportError:  # a peft without the v4 -> v5 conversion
-        yield
-        return
-    original = conv.convert_peft_config_for_transformers
-    conv.convert_peft_config_for_transformers = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        conv.convert_peft_config_for_transformers = original
-
-
-def lora_config(model: Any, cfg: ModelConfig) -> Any:
-    """peft's ``LoraConfig`` for ``model.lora``; ``target_modules: auto`` is read from the model's module names
-    (:func:`mmrl.families.lora_targets`)."""
-    from peft import LoraConfig as PeftLoraConfig
-
-    from mmrl.families import expert_params, language_model_prefix, lora_targets
-
-    lo = cfg.lora
-    experts = expert_params(model)
-    if lo.experts:
-        raise ValueError(
-            f"model.lora.experts: {type(model).__name__} has {len(experts)} fused MoE expert weights "
-            f"({experts[0] if experts else 'none'}, ...); peft adapts such 3-D parameters only through "
-            "target_parameters, whose adapters mmrl cannot merge into the vLLM engine or a merged checkpoint. "
-            "Set model.lora.experts: false (the experts stay frozen; attention, shared experts and dense MLPs get "
-            "adapters) or train the full model (model.lora.r: 0)"
-        )
-    target = lo.target_modules
-    if target == "auto":
-        head = model.get_output_embeddings()
-        # plain Linears only: a subclass with its own forward (Llama 4's router returns a tuple) is not a projection
-        linears = [n for n, m in model.named_modules() if type(m) is torch.nn.Linear and m is not head]
-        target = lora_targets(linears, language_model_prefix(model), vision=lo.vision)
-    if experts:
-        log.info("LoRA: %d fused MoE expert weights stay frozen (model.lora.experts)", len(experts))
-    return PeftLoraConfig(r=lo.r, lora_alpha=lo.alpha, lora_dropout=lo.dropout, target_modules=target)

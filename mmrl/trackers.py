@@ -33,6 +33,7 @@ import json
 import os
 import re
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ class LoggedImage:
     caption: str
 
 
-class Tracker:
+class Tracker(ABC):
     """What every tracker does. ``run_id``: the id of the tracker's run, kept so ``--resume`` continues it."""
 
     PACKAGES: dict[str, str] = {}  # module -> pip package
@@ -62,14 +63,14 @@ class Tracker:
         """The modules this tracker imports with these options, and the pip package of each."""
         return dict(cls.PACKAGES)
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
 
-    def log_images(self, images: list[LoggedImage], step: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def log_images(self, images: list[LoggedImage], step: int) -> None: ...
 
-    def close(self, failed: bool) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def close(self, failed: bool) -> None: ...
 
 
 TRACKERS: Registry[type[Tracker]] = Registry("tracker")

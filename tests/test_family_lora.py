@@ -15,7 +15,7 @@ MUST = {
     "qwen3_5": {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"},
     "qwen3_5_moe": {"in_proj_qkv", "out_proj", "shared_expert_gate"},
     "qwen3_vl_moe": set(),
-    # layer 0's dense MLP and the shared experts: peft's v4-MoE renaming would drop both (mmrl.policy._native_peft_targets)
+    # layer 0's dense MLP and the shared experts: peft's v4-MoE renaming would drop both (mmrl.lora._native_peft_targets)
     "glm4v_moe": {"gate_proj", "up_proj", "down_proj"},
 }
 

@@ -292,16 +292,15 @@ def test_a_server_killed_mid_run_loses_and_doubles_nothing(tmp_path):
         killer = threading.Timer(1.0, _kill, args=(procs[0],))
         killer.start()
         try:
-            start = time.monotonic()
             opts = _opts(
                 urls, tmp_path / "token", "plugin_slow_heavy", chunk_size=4, reward_options={"seconds": 0.1}
             )
             before = remote_stats().get("server_failures", 0)
             got = _remote(batch, **opts)
-            elapsed = time.monotonic() - start
         finally:
             killer.join()
-        assert procs[0].poll() is not None and elapsed > 1.0  # killed while the run was going on
+        # killed while the run was going on: the client saw the server fail and re-sent its chunks elsewhere
+        assert procs[0].poll() is not None
         assert remote_stats()["server_failures"] - before >= 1
     want = _local(SLOW, batch, seconds=0.0)
     assert [r.to_json() for r in got] == [r.to_json() for r in want]

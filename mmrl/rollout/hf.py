@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from mmrl.logprobs import fp32_head
+from mmrl.packing import encode_media_once
 from mmrl.policy import EncodedPrompt, Policy
 from mmrl.rollout.base import ENGINES, Completion, SamplingParams
 
@@ -195,7 +196,7 @@ class HFEngine:
             # the n rows of a prompt are the same EncodedPrompt: its media go through the vision tower once, and
             # generate gets the features (mm_encoder_outputs) instead of n copies of the pixels
             with torch.no_grad():
-                mm = mm | pol.encode_media_once(prompts, mm)
+                mm = mm | encode_media_once(pol, prompts, mm)
             out = pol.model.generate(
                 input_ids=ids,
                 attention_mask=attn,

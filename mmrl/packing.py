@@ -1,0 +1,121 @@
+"""Padding-free scoring (:attr:`mmrl.policy.Policy.packs`): a micro-batch as one packed row, and each prompt's media
+encoded once for all its rows. The policy calls these; they read its model, processor and settings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from mmrl import families
+from mmrl.attention import PACKED
+
+if TYPE_CHECKING:
+    from mmrl.policy import EncodedPrompt, Policy
+
+
+def packed_hidden(
+    pol: Policy, prompts: list[EncodedPrompt], completions: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:meth:`mmrl.policy.Policy.completion_hidden` of the sequences packed end to end into one row: no padding
+    token is computed.
+
+    Each sequence keeps the positions it has alone (and so in generation): text positions restart at 0 per
+    sequence, and a multimodal-RoPE model's 3-D positions are its own ``get_rope_index`` of that sequence with
+    its own grids (prepended by the text positions, the ``[4, 1, L]`` layout transformers reads packed masks
+    from). The cumulative lengths go alongside: ``mmrl_sdpa`` and flash-attention's varlen kernels attend each
+    sequence alone with them (:mod:`mmrl.attention`), and no ``[N, N]`` mask is built while :data:`PACKED` is set. The media tensors are concatenated in row order as
+    in a padded batch, and the hidden states are gathered back into the ``[B, T, H]`` layout of the padded path
+    (the head runs only where the mask is 1)."""
+    from mmrl.policy import _padded
+
+    dev = pol.device
+    seq_keys = sorted({k for p in prompts for k in p.seq})
+    rows, text_pos, mrope, starts = [], [], [], []
+    seq: dict[str, list[torch.Tensor]] = {k: [] for k in seq_keys}
+    n = 0
+    for p, c in zip(prompts, completions):
+        ct = torch.as_tensor(c, dtype=torch.long)
+        row = torch.cat([p.input_ids, ct.masked_fill(pol._is_suppressed(ct), pol.pad_id)])
+        P, L = len(p.input_ids), len(row)
+        rows.append(row)
+        starts.append(n + P - 1)  # position n + P - 1 + t predicts completion token t
+        n += L
+        text_pos.append(torch.arange(L))
+        for k in seq_keys:
+            dtype = next(q.seq[k].dtype for q in prompts if k in q.seq)
+            own = p.seq.get(k, torch.zeros(P, dtype=dtype))
+            seq[k].append(torch.cat([own.to(dtype), torch.zeros(len(c), dtype=dtype)]))
+        mrope.append(families.rope_positions(pol.model, row, p.mm, {k: v[-1] for k, v in seq.items()}))
+    positions = torch.cat(text_pos)[None]  # [1, N]
+    if mrope[0] is not None:  # [1 + k, 1, N]: text positions first, then the model's k rope axes
+        positions = torch.cat([positions[None], torch.cat(mrope, dim=-1)[:, None]], dim=0)
+    lengths = torch.tensor([len(r) for r in rows])
+    cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(dev, torch.int32)
+    mm = {k: torch.cat(v)[None].to(dev) for k, v in seq.items()}
+    for key in sorted({k for p in prompts for k in p.mm}):
+        parts = _padded(
+            [p.mm[key] for p in prompts if key in p.mm], -1 if key.endswith("position_ids") else 0
+        )
+        mm[key] = torch.cat(parts, dim=0).to(dev)
+        if mm[key].is_floating_point():
+            mm[key] = mm[key].to(pol.model.dtype)
+    token = PACKED.set(True)
+    try:
+        with pol.autocast():
+            shared = encode_media_once(pol, prompts, mm)
+            last = _packed_forward(pol, rows, positions, cu, lengths, mm | shared, dev)
+    finally:
+        PACKED.reset(token)
+    T = max((len(c) for c in completions), default=0)
+    index = torch.zeros((len(rows), T), dtype=torch.long)
+    target = torch.full((len(rows), T), pol.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), T))
+    for i, (start, c) in enumerate(zip(starts, completions)):
+        index[i, : len(c)] = torch.arange(start, start + len(c))
+        target[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
+        mask[i, : len(c)] = 1.0
+    hidden = last[index.to(dev)]  # [B, T, H]; positions past a completion's end hold the first token's state
+    return hidden, target.to(dev), mask.to(dev)
+
+
+def encode_media_once(
+    pol: Policy, prompts: list[EncodedPrompt], mm: dict[str, torch.Tensor]
+) -> dict[str, Any]:
+    """Vision once per prompt: the G rows of a group share one :class:`EncodedPrompt`, whose images (and videos)
+    go through the vision tower once; the rows' features are that one encoding repeated, handed to the model as
+    ``mm_encoder_outputs`` (its pixel inputs are taken out of ``mm``). With a trainable tower the gradients of
+    all rows flow into the one encoding. Returns ``{"mm_encoder_outputs": ...}``, or nothing where the model
+    takes no precomputed features or no prompt repeats (:func:`mmrl.families.encoder_calls`). Not under FSDP:
+    there every module's forward is a collective (its shards are gathered), and one call per prompt would make
+    the ranks' collectives differ in number; the tower then runs once per micro-batch, as in the padded path."""
+    calls = families.encoder_calls(pol.model)
+    if pol.sharded or not calls or len({id(p) for p in prompts}) == len(prompts):
+        return {}
+    dev, dtype = pol.device, pol.model.dtype
+    out: dict[str, Any] = {}
+    for modality, (pixels, fn, takes) in calls.items():
+        owners = [p for p in prompts if pixels in p.mm]
+        if not owners:
+            continue
+        once: dict[int, Any] = {}
+        for p in owners:
+            if id(p) not in once:
+                kw = {k: v.to(dev) for k, v in p.mm.items() if k in takes and k != pixels}
+                once[id(p)] = fn(p.mm[pixels].to(dev, dtype), return_dict=True, **kw)
+        out[modality] = families.concat_encoder_outputs([once[id(p)] for p in owners])
+        mm.pop(pixels)
+    return {"mm_encoder_outputs": out} if out else {}
+
+
+def _packed_forward(pol: Policy, rows, positions, cu, lengths, mm, dev) -> torch.Tensor:
+    return pol._last_hidden(
+        input_ids=torch.cat(rows)[None].to(dev),
+        position_ids=positions.to(dev),
+        use_cache=False,
+        cu_seq_lens_q=cu,
+        cu_seq_lens_k=cu,
+        max_length_q=int(lengths.max()),
+        max_length_k=int(lengths.max()),
+        **mm,
+    )[0]  # [N, H]
