@@ -18,8 +18,11 @@ from mmrl.trackers import check_trackers
 def check_rewards(cfg: Config) -> None:
     from mmrl.rewards.base import load_reward, validate_options
 
-    if not cfg.rewards:
-        raise ConfigError("no rewards configured: list at least one under `rewards:` (see `mmrl list`)")
+    if not cfg.rewards and not cfg.rollout.env:
+        raise ConfigError(
+            "no rewards configured: list at least one under `rewards:` (see `mmrl list`), or run episodes in an "
+            "env (`rollout.env`), whose step rewards are the episode's"
+        )
     heavy = []
     for i, entry in enumerate(cfg.rewards):
         where = f"rewards[{i}] ({entry.name!r})"
@@ -165,6 +168,39 @@ def check_data(cfg: Config) -> None:
             )
 
 
+def check_env(cfg: Config) -> None:
+    """``rollout.env`` and its options (names and kinds against the env's signature, then its own value checks),
+    and the episode limits."""
+    r = cfg.rollout
+    if r.max_turns < 1:
+        raise ConfigError(f"rollout.max_turns must be at least 1, got {r.max_turns}")
+    if not r.env:
+        if r.max_turns > 1 or r.env_options:
+            raise ConfigError(
+                "rollout.max_turns > 1 or rollout.env_options without rollout.env: name the env the episodes run in"
+            )
+        return
+    from mmrl.envs import validate_env_options
+
+    try:
+        validate_env_options(r.env, r.env_options)
+    except (KeyError, ValueError, TypeError, ImportError) as e:
+        raise ConfigError(f"rollout.env {r.env!r}: {e.args[0] if e.args else e}") from None
+    if r.image_rule not in ("downscale", "end"):
+        raise ConfigError(f"rollout.image_rule must be 'downscale' or 'end', got {r.image_rule!r}")
+    if r.observation_role not in ("user", "tool"):
+        raise ConfigError(f"rollout.observation_role must be 'user' or 'tool', got {r.observation_role!r}")
+    if r.env_workers < 0 or not r.env_timeout_s > 0:
+        raise ConfigError(
+            f"rollout.env_workers must be >= 0 and rollout.env_timeout_s > 0; got {r.env_workers}, {r.env_timeout_s}"
+        )
+    if r.max_total_tokens is not None and r.max_total_tokens <= r.max_new_tokens:
+        raise ConfigError(
+            f"rollout.max_total_tokens ({r.max_total_tokens}) leaves no room for a prompt and one turn of "
+            f"rollout.max_new_tokens ({r.max_new_tokens}); raise it or leave it unset"
+        )
+
+
 def check_model(cfg: Config) -> None:
     """A local model folder must exist; a hub id is only usable when the hub is reachable (not offline)."""
     import os
@@ -189,5 +225,6 @@ def check_config(cfg: Config) -> None:
     check_numbers(cfg)
     check_data(cfg)
     check_model(cfg)
+    check_env(cfg)
     check_components(cfg)
     check_trackers(cfg.train)

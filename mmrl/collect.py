@@ -10,10 +10,22 @@ round are left out. The sampler hears about every group that was generated (VADE
 With several processes (:mod:`mmrl.distributed`) each rank generates and rewards its share of a round's groups, and
 the outcomes (completions, rewards, reward results) are gathered: every rank then holds the whole batch and decides
 the same, while ``prompts`` are encoded only for the rank's own share (``None`` elsewhere).
+
+Multi-turn episodes (``rollout.env``, issue 20): the rollout stage runs :func:`mmrl.episodes.run_episodes` in an
+:class:`~mmrl.envs.EnvPool` (``rollout.env_workers`` processes, folders under ``DIR/episodes``) instead of one
+``engine.generate``; each group is then G :class:`~mmrl.episodes.Trajectory` objects (``Collected.trajectories``,
+gathered like the completions), and ``groups`` holds one :class:`Completion` per trajectory (its whole response,
+environment tokens included, with the rollout log-probs: 0 on environment tokens). A trajectory's reward is its
+return R(tau) (the sum of its turn rewards), plus the composite of ``rewards:`` on its LAST turn's text when the
+recipe lists any (a format reward on the final answer, say); the parts log ``env_return``. Episode statistics
+(``episode/*``: success share, turns, per-step correctness from the env's ``info["target_hit"]``, how episodes ended,
+env failures) are in ``Collected.stats``. Episode folders hold the observation images; the ones not logged to
+rollouts.jsonl are removed after the step (:meth:`Collector.retire_episodes`).
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,7 +40,7 @@ from mmrl.config import Config
 from mmrl.distributed import Dist
 from mmrl.policy import EncodedPrompt, Policy
 from mmrl.prompt_cache import PromptCache
-from mmrl.rewards.compose import CompositeReward
+from mmrl.rewards.compose import ComposedResult, CompositeReward
 from mmrl.rollout import SamplingParams
 from mmrl.rollout.base import Completion
 from mmrl.types import RewardInput, Sample
@@ -77,6 +89,7 @@ class Collected:
     results: list[Any]  # [B*G] reward results (parts, errors)
     stats: dict[str, float] = field(default_factory=dict)
     pending: Callable[[], tuple[torch.Tensor, list[Any]]] | None = None
+    trajectories: list[list[Any]] | None = None  # [B][G] mmrl.episodes.Trajectory under rollout.env
 
     def resolve(self) -> Collected:
         """Wait for rewards still being computed (``train.overlap_rewards``); a no-op once they are in. Call it on
@@ -95,10 +108,11 @@ class Collector:
         policy: Policy,
         engine: Any,
         sampler: Any,
-        reward: CompositeReward,
+        reward: CompositeReward | None,
         stage: Callable[[str], AbstractContextManager],
         dist: Dist,
         render_root: Path | None = None,
+        episode_root: Path | None = None,
     ):
         self.cfg, self.data, self.policy, self.engine = cfg, data, policy, engine
         self.sampler, self.reward, self.stage, self.dist = sampler, reward, stage, dist
@@ -110,6 +124,67 @@ class Collector:
             0.0  # time spent scoring this step (in the background thread), for time/reward_compute
         )
         self._thread: ThreadPoolExecutor | None = None
+        self.episode_root = episode_root  # DIR/episodes: the env pool's folders (rollout.env)
+        self._pool: Any = None
+        self._episode_dirs: list[Path] = []  # this rank's episode folders of the last round(s)
+
+    @property
+    def multi_turn(self) -> bool:
+        return bool(self.cfg.rollout.env)
+
+    def pool(self) -> Any:
+        """The env pool (started on first use): ``rollout.env_workers`` processes, folders under DIR/episodes."""
+        if self._pool is None:
+            import tempfile
+
+            from mmrl.envs import EnvPool
+
+            r = self.cfg.rollout
+            root = self.episode_root or Path(tempfile.mkdtemp(prefix="mmrl-episodes-"))
+            if self.dist.active:
+                root = root / f"rank-{self.dist.rank}"
+            self._pool = EnvPool(root, workers=r.env_workers, timeout_s=r.env_timeout_s)
+        return self._pool
+
+    def image_budget(self) -> Any:
+        from mmrl.episodes import ImageBudget
+
+        r = self.cfg.rollout
+        return ImageBudget(r.max_images, r.max_context_pixels, r.image_rule)  # type: ignore[arg-type]
+
+    def run_episodes(
+        self, samples: list[Sample], prompts: list[EncodedPrompt], params: SamplingParams
+    ) -> list:
+        """``params.n`` episodes of each sample in the run's env (``[B][G]`` trajectories)."""
+        from mmrl.episodes import run_episodes
+
+        r = self.cfg.rollout
+        pool = self.pool()
+        trajs = run_episodes(
+            self.policy,
+            self.engine,
+            samples,
+            params,
+            pool=pool,
+            env_name=r.env,
+            env_options=dict(r.env_options),
+            max_turns=r.max_turns,
+            max_total_tokens=r.max_total_tokens,
+            images=self.image_budget(),
+            role=r.observation_role,
+            prompts=prompts,
+        )
+        self._episode_dirs += [episode_dir(pool, t.episode_id) for row in trajs for t in row]
+        return trajs
+
+    def retire_episodes(self, keep: set[str]) -> None:
+        """Remove this rank's episode folders of the last step but those of the episodes in ``keep`` (logged to
+        rollouts.jsonl, whose turns name their images). Call it on every rank after the step is logged."""
+        keep_dirs = {episode_dir(self._pool, e) for e in keep} if self._pool is not None else set()
+        for d in self._episode_dirs:
+            if d not in keep_dirs:
+                shutil.rmtree(d, ignore_errors=True)
+        self._episode_dirs = []
 
     def generation_weights(self):
         """Around generation: under FSDP the policy's full weights, gathered once on every rank (no per-token
@@ -140,8 +215,31 @@ class Collector:
             for s, p, g, d in zip(samples, prompts, groups, dirs)
             for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g], d)
         ]
-        results = self.reward(inputs)
+        results = self.reward(inputs) if self.reward is not None else [ComposedResult(0.0) for _ in inputs]
         return torch.tensor([r.score for r in results], dtype=torch.float32).view(len(samples), -1), results
+
+    def score_episodes(
+        self, samples: list[Sample], trajs: list[list[Any]], render_dirs: list[Path | None] | None = None
+    ) -> tuple[torch.Tensor, list]:
+        """Each trajectory's return, plus the composite of ``rewards:`` on its last turn's text (module docstring)."""
+        G = len(trajs[0]) if trajs else 0
+        returns = torch.tensor([[t.episode_return for t in row] for row in trajs], dtype=torch.float32)
+        if self.reward is None:
+            results = [
+                ComposedResult(float(t.episode_return), {"env_return": t.episode_return})
+                for row in trajs
+                for t in row
+            ]
+            return returns.view(len(samples), G), results
+        last = [[_last_turn(t) for t in row] for row in trajs]
+        scores, composed = self.score(samples, [row[0].prompt for row in trajs], last, render_dirs)
+        results = [
+            ComposedResult(
+                float(t.episode_return) + r.score, {**r.parts, "env_return": t.episode_return}, r.errors
+            )
+            for t, r in zip([t for row in trajs for t in row], composed)
+        ]
+        return returns.view(len(samples), G) + scores, results
 
     def render_dir(self, b: int, sample: Sample) -> Path | None:
         """Where group b's renders go (``DIR/renders/step-N/<id>``, plus ``-j`` per response), when
@@ -169,25 +267,30 @@ class Collector:
         local = [prompts[b] for b in mine]
         # chunks: the HF engine generates batch_size prompts at a time anyway; an engine that schedules the whole
         # batch itself (vLLM) gets it at once
+        # episodes batch every live episode of the round at each turn: one chunk
         whole = getattr(self.engine, "owns_weights", False) or not self.cfg.train.overlap_rewards
+        whole = whole or self.multi_turn
         chunk = len(local) if whole else max(1, int(getattr(self.engine, "batch_size", len(local) or 1)))
         groups_local: list[list[Completion]] = []
+        trajs_local: list[list[Any]] = []
         futures: list[Future] = []
         with self.stage("rollout"):
             with self.generation_weights():
                 for s in range(0, len(local), max(1, chunk)):
-                    part = self.engine.generate(local[s : s + chunk], self.sampling_params())
-                    groups_local += part
                     bs = list(mine)[s : s + chunk]
-                    futures.append(
-                        self._reward_thread().submit(
-                            self._timed_score,
-                            [samples[b] for b in bs],
-                            local[s : s + chunk],
-                            part,
-                            [self.render_dir(b, samples[b]) for b in bs],
+                    dirs = [self.render_dir(b, samples[b]) for b in bs]
+                    if self.multi_turn:
+                        trajs = self.run_episodes(
+                            [samples[b] for b in bs], local[s : s + chunk], self.sampling_params()
                         )
-                    )
+                        trajs_local += trajs
+                        part = [[_whole_response(t) for t in row] for row in trajs]
+                        job = (self._timed_score_episodes, [samples[b] for b in bs], trajs, dirs)
+                    else:
+                        part = self.engine.generate(local[s : s + chunk], self.sampling_params())
+                        job = (self._timed_score, [samples[b] for b in bs], local[s : s + chunk], part, dirs)
+                    groups_local += part
+                    futures.append(self._reward_thread().submit(*job))
 
         def finish() -> tuple[torch.Tensor, list[Any]]:
             with self.stage("reward"):  # the wait: rewards computed meanwhile do not count here
@@ -202,14 +305,27 @@ class Collector:
             self.sampler.update(idx, rewards)
             return rewards, results
 
-        groups = [g for part in self.dist.gather(groups_local) for g in part]
-        got = Collected(idx, samples, prompts, groups, None, [], pending=finish)
+        if self.multi_turn:  # trajectories (and through them the completions) from every rank
+            trajs_all = [row for part in self.dist.gather(trajs_local) for row in part]
+            groups = [[_whole_response(t) for t in row] for row in trajs_all]
+            got = Collected(idx, samples, prompts, groups, None, [], pending=finish, trajectories=trajs_all)
+            got.stats = episode_stats(trajs_all)
+        else:
+            groups = [g for part in self.dist.gather(groups_local) for g in part]
+            got = Collected(idx, samples, prompts, groups, None, [], pending=finish)
         return got if overlap else got.resolve()
 
     def _timed_score(self, *args: Any) -> tuple[torch.Tensor, list]:
         t0 = time.perf_counter()
         try:
             return self.score(*args)
+        finally:
+            self.reward_seconds += time.perf_counter() - t0
+
+    def _timed_score_episodes(self, *args: Any) -> tuple[torch.Tensor, list]:
+        t0 = time.perf_counter()
+        try:
+            return self.score_episodes(*args)
         finally:
             self.reward_seconds += time.perf_counter() - t0
 
@@ -224,6 +340,9 @@ class Collector:
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def collect(self, step: int) -> Collected:
         """Step ``step``'s batch of ``train.prompts_per_step`` groups (only informative ones under dynamic sampling)."""
@@ -231,7 +350,7 @@ class Collector:
         self.errors, self.step, self.reward_seconds = [], step, 0.0
         if not a.dynamic_sampling:  # rewards may still be running: the trainer resolves them
             got = self.one_round(k, overlap=self.cfg.train.overlap_rewards)
-            got.stats = {"rollout/groups_generated": float(k), "rollout/sampling_rounds": 1.0}
+            got.stats |= {"rollout/groups_generated": float(k), "rollout/sampling_rounds": 1.0}
             return got
         kept: list[Collected] = []
         generated = informative = 0
@@ -242,7 +361,7 @@ class Collector:
             kept.append(_select(got, keep))
             if informative >= k:
                 out = _select(_concat(kept), list(range(k)))
-                out.stats = {
+                out.stats = (episode_stats(out.trajectories) if out.trajectories is not None else {}) | {
                     "rollout/groups_generated": float(generated),
                     "rollout/sampling_rounds": float(rounds),
                 }
@@ -264,10 +383,12 @@ def _select(c: Collected, keep: list[int]) -> Collected:
         [c.groups[b] for b in keep],
         c.rewards[keep],
         [r for b in keep for r in c.results[b * G : (b + 1) * G]],
+        trajectories=None if c.trajectories is None else [c.trajectories[b] for b in keep],
     )
 
 
 def _concat(parts: list[Collected]) -> Collected:
+    trajs = None if any(p.trajectories is None for p in parts) else [t for p in parts for t in p.trajectories]
     return Collected(
         [i for p in parts for i in p.indices],
         [s for p in parts for s in p.samples],
@@ -275,4 +396,49 @@ def _concat(parts: list[Collected]) -> Collected:
         [g for p in parts for g in p.groups],
         torch.cat([p.rewards for p in parts]),
         [r for p in parts for r in p.results],
+        trajectories=trajs,
     )
+
+
+def _whole_response(t: Any) -> Completion:
+    """A trajectory's whole response (environment tokens included) as one completion: ``text`` is its last turn's
+    and ``finish_reason`` its last completion's."""
+    last = t.completions[-1] if t.completions else None
+    return Completion(
+        list(t.response), last.text if last else "", list(t.logprobs), last.finish_reason if last else "stop"
+    )
+
+
+def _last_turn(t: Any) -> Completion:
+    """The last completion of a trajectory (an empty one when the env failed at reset)."""
+    return t.completions[-1] if t.completions else Completion([], "", [], "stop")
+
+
+def episode_dir(pool: Any, episode_id: str) -> Path:
+    from mmrl.envs.pool import _folder_name
+
+    return pool.root / _folder_name(episode_id)
+
+
+def episode_stats(trajs: list[list[Any]]) -> dict[str, float]:
+    """``episode/*`` of a batch of trajectories: ``success`` (share with a positive return: the outcome envs give 1
+    on success), ``return_mean``, ``turns_mean``, ``step_accuracy`` (share of steps whose env info says
+    ``target_hit``, over the steps that report it), ``invalid_frac`` (steps the env found malformed), ``end/<why>``
+    (share of episodes ending so) and ``errors`` (episodes ended by an env failure)."""
+    flat = [t for row in trajs for t in row]
+    if not flat:
+        return {}
+    steps = [s for t in flat for s in t.steps]
+    hits = [bool(s.info["target_hit"]) for s in steps if s.info.get("target_hit") is not None]
+    out = {
+        "episode/success": sum(t.episode_return > 0 for t in flat) / len(flat),
+        "episode/return_mean": sum(t.episode_return for t in flat) / len(flat),
+        "episode/turns_mean": sum(len(t.turns) for t in flat) / len(flat),
+        "episode/invalid_frac": sum(bool(s.info.get("invalid")) for s in steps) / max(1, len(steps)),
+        "episode/errors": float(sum(t.end == "error" for t in flat)),
+    }
+    if hits:
+        out["episode/step_accuracy"] = sum(hits) / len(hits)
+    for end in sorted({t.end for t in flat}):
+        out[f"episode/end/{end}"] = sum(t.end == end for t in flat) / len(flat)
+    return out

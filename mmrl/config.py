@@ -132,6 +132,25 @@ class RolloutConfig:
     top_k: int = opt("top-k sampling (0 = off)", 0)
     max_new_tokens: int = opt("longest response in tokens; longer ones end with finish_reason 'length'", 64)
     batch_size: int = opt("prompts generated together in one engine call", 16)
+    env: str | None = opt(
+        "multi-turn episodes in this env (registered name or module:Class, `mmrl list`); None: one turn each",
+        None,
+    )
+    env_options: dict[str, Any] = opt("the env's own options (checked against its signature)", factory=dict)
+    max_turns: int = opt("completions per episode at most (the env may end it sooner)", 1)
+    max_total_tokens: int | None = opt(
+        "an episode's prompt + response tokens at most: a turn that could pass it does not start", None
+    )
+    max_images: int | None = opt("images in an episode's context at most (the prompt's included)", None)
+    max_context_pixels: int | None = opt(
+        "model-input pixels of all images in an episode's context at most (the prompt's included)", None
+    )
+    image_rule: str = opt(
+        "over the image budget: 'downscale' an observation's new images to fit, or 'end' the episode", "downscale"
+    )
+    observation_role: str = opt("the chat role of observation turns: 'user' or 'tool'", "user")
+    env_workers: int = opt("env worker processes (0: in the trainer's process, for debugging)", 2)
+    env_timeout_s: float = opt("deadline of one env reset or step (the episode ends with an error)", 60.0)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from contextlib import contextmanager
@@ -105,10 +106,14 @@ class Trainer:
         self.sampler = SAMPLERS.get(cfg.sampler.name)(
             len(self.train_data), seed=cfg.train.seed, **cfg.sampler.options
         )
-        self.reward = CompositeReward(
-            [RewardConfig(r.name, r.weight, dict(r.options)) for r in cfg.rewards],
-            num_workers=cfg.train.reward_workers,
-            timeout_s=cfg.train.reward_timeout_s,
+        self.reward = (  # none: an env's episode returns are the rewards (rollout.env)
+            CompositeReward(
+                [RewardConfig(r.name, r.weight, dict(r.options)) for r in cfg.rewards],
+                num_workers=cfg.train.reward_workers,
+                timeout_s=cfg.train.reward_timeout_s,
+            )
+            if cfg.rewards
+            else None
         )
         self.estimator = ADVANTAGES.get(a.advantage)(
             len(self.train_data), eps=a.adv_eps, **a.advantage_options
@@ -132,6 +137,7 @@ class Trainer:
             self.stage,
             dist,
             render_root=self.out / "renders",
+            episode_root=self.out / "episodes",
         )
         self.validator = Validator(cfg, eval_data, self.collector)
         self._reward_counts: dict[str, int] = {}
@@ -201,6 +207,9 @@ class Trainer:
                     metrics |= self.maybe_evaluate() | self.throughput(got)
                     self.logger.log(metrics)
                     self._write_rollouts(got)
+                    if got.trajectories is not None:  # episode folders: only the logged ones stay
+                        logged = got.trajectories[:ROLLOUTS_LOGGED]
+                        self.collector.retire_episodes({t.episode_id for row in logged for t in row})
                     if self.step == cfg.train.max_steps or (
                         cfg.train.save_every and self.step % cfg.train.save_every == 0
                     ):
@@ -209,7 +218,8 @@ class Trainer:
         finally:  # also on an exception or SIGTERM (the CLI turns it into SystemExit): no orphaned reward workers
             self.logger.close()
             self.collector.close()
-            self.reward.close()
+            if self.reward is not None:
+                self.reward.close()
         return metrics
 
     def close(self) -> None:
@@ -263,6 +273,8 @@ class Trainer:
         return self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
 
     def make_batch(self, got: Collected) -> RolloutBatch:
+        if got.trajectories is not None:
+            return self._finish_batch(self._episode_batch(got))
         comps = [c for g in got.groups for c in g]
         T = max(len(c.token_ids) for c in comps)
         old = torch.zeros(len(comps), T)
@@ -281,8 +293,30 @@ class Trainer:
             encode=lambda row: self.collector.encode(got.samples[row // G]),
             prompt_lengths=[lengths[i // G] for i in range(len(comps))],
         )
+        return self._finish_batch(batch)
+
+    def _episode_batch(self, got: Collected) -> RolloutBatch:
+        """Multi-turn rows: each trajectory's whole response, its rollout log-probs (0 on the env's tokens)."""
+        trajs = [t for row in got.trajectories for t in row]
+        T = max(1, max(len(t.response) for t in trajs))
+        old = torch.zeros(len(trajs), T)
+        for i, t in enumerate(trajs):
+            old[i, : len(t.logprobs)] = torch.tensor(t.logprobs)
+        return RolloutBatch(
+            [t.prompt for t in trajs],
+            [list(t.response) for t in trajs],
+            len(got.trajectories[0]),
+            old,
+            prompt_lengths=[len(t.prompt.input_ids) for t in trajs],
+            trajectories=trajs,
+        )
+
+    def _finish_batch(self, batch: RolloutBatch) -> RolloutBatch:
+        """Rows per rank; pi_old recomputed (and the rollout correction) or the entropies, when asked for."""
+        N, G = len(batch.completions), batch.group_size
+        old = batch.old_logp
         if self.dist.active:  # the no-grad passes' rows: balanced by tokens, whole groups
-            batch.rows = self.dist.balanced(*batch.blocks(list(range(len(comps))), G))
+            batch.rows = self.dist.balanced(*batch.blocks(list(range(N)), G))
         a, self.mismatch = self.cfg.algo, {}
         if a.old_logprobs == "recompute" or self.estimator.needs_entropy:
             logp, ent = self.forward_no_grad(self.policy, batch, with_entropy=self.estimator.needs_entropy)
@@ -310,14 +344,11 @@ class Trainer:
         done: set[int] = set()
         for part in micros:
             if done.issuperset(part):
-                policy.logprobs([batch.prompt(j) for j in part], [batch.completions[j] for j in part])
+                batch.logprobs(policy, part)
                 continue
             done.update(part)
-            lp, e, _ = policy.logprobs(
-                [batch.prompt(j) for j in part],
-                [batch.completions[j] for j in part],
-                temperature=self._train_temperature(),
-                with_entropy=with_entropy,
+            lp, e, _ = batch.logprobs(
+                policy, part, temperature=self._train_temperature(), with_entropy=with_entropy
             )
             logp[part, : lp.shape[1]] = lp.float().cpu()
             if ent is not None:
@@ -343,7 +374,10 @@ class Trainer:
             kl_tok = KL_ESTIMATORS.get(a.kl_estimator)(batch.old_logp, batch.ref_logp)
             rewards = kl_penalised_rewards(rewards, kl_tok, batch.mask, a.kl_coef)
             stats["kl"] = ((kl_tok * batch.mask).sum() / batch.mask.sum().clamp(min=1)).item()
-        inp = AdvantageInput(rewards, got.indices, batch.old_logp, batch.mask, batch.entropy, self.last_kl)
+        turns = None if batch.trajectories is None else [list(t.turns) for t in batch.trajectories]
+        inp = AdvantageInput(
+            rewards, got.indices, batch.old_logp, batch.mask, batch.entropy, self.last_kl, turns=turns
+        )
         batch.advantages, est_stats = self.estimator(inp)
         return stats | est_stats
 
@@ -358,9 +392,9 @@ class Trainer:
         errors = self.collector.errors
         stats["reward/errors"] = len(errors)
         # process diagnostics (the reward cache is not checkpointed): per-step counts under sys/, like time/*
-        pool, prev = self.reward.stats(), self._reward_counts
+        pool, prev = (self.reward.stats() if self.reward is not None else {}), self._reward_counts
         self._reward_counts = {
-            k: pool[k] for k in ("cache_hits", "cache_misses", "timeouts", "pool_restarts")
+            k: pool[k] for k in ("cache_hits", "cache_misses", "timeouts", "pool_restarts") if k in pool
         }
         stats |= {f"sys/reward_{k}": v - prev.get(k, 0) for k, v in self._reward_counts.items()}
         if errors and self.dist.is_main:
@@ -425,9 +459,30 @@ class Trainer:
                         for c, r in zip(g, results)
                     ],
                 }
+                if got.trajectories is not None:  # each response's episode and turns (images relative to DIR)
+                    for resp, t in zip(row["responses"], got.trajectories[b]):
+                        resp |= self._episode_record(t)
                 f.write(json.dumps(row) + "\n")
                 rows.append(row)
         self.logger.log_rollout_images(self.step, rows)  # inputs and kept renders, to the trackers
+
+    def _episode_record(self, t: Any) -> dict[str, Any]:
+        """A trajectory's ``episode`` summary and ``turns`` for rollouts.jsonl (image paths relative to DIR)."""
+        rec = t.to_record()
+
+        def rel(path: str) -> str:
+            try:
+                return os.path.relpath(path, self.out.resolve())
+            except ValueError:  # another drive (Windows): keep it absolute
+                return path
+
+        for turn in rec["turns"]:
+            turn["images"] = [rel(x) for x in turn["images"]]
+        episode = {"end": rec["end"], "return": rec["return"], "turns_count": len(rec["turns"])}
+        episode |= {"id": rec["episode_id"], "sampled_tokens": rec["sampled_tokens"]}
+        if rec.get("error"):
+            episode["error"] = rec["error"]
+        return {"episode": episode, "turns": rec["turns"]}
 
     def save(self) -> Path:
         """A checkpoint (:mod:`mmrl.checkpoint`). Under FSDP every rank writes its optimizer shard into the staging

@@ -55,6 +55,9 @@ class RolloutBatch:
     # length (gathered), so that every rank can split the work alike
     encode: Callable[[int], EncodedPrompt] | None = None
     prompt_lengths: list[int] | None = None
+    # multi-turn rows (rollout.env): each row's mmrl.episodes.Trajectory; completions are then the whole responses
+    # (environment tokens included, mask 0) and the forward is mmrl.episodes.trajectory_logprobs
+    trajectories: list[Any] | None = None
 
     @property
     def local_rows(self) -> list[int]:
@@ -83,10 +86,28 @@ class RolloutBatch:
         return blocks, [float(sum(self.tokens(r) for r in b)) for b in blocks]
 
     @property
-    def mask(self) -> torch.Tensor:  # [N, T]
+    def mask(self) -> torch.Tensor:  # [N, T]: 1 on sampled tokens (not on padding, not on the env's tokens)
         T = self.old_logp.shape[1]
+        if self.trajectories is not None:
+            out = torch.zeros(len(self.trajectories), T)
+            for i, t in enumerate(self.trajectories):
+                out[i, : len(t.mask)] = torch.tensor(t.mask, dtype=torch.float32)
+            return out
         lengths = torch.tensor([len(c) for c in self.completions])
         return (torch.arange(T)[None, :] < lengths[:, None]).float()
+
+    def logprobs(
+        self, policy: Policy, rows: list[int], **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The training forward of ``rows``: ``(logp, entropy, mask)``, each ``[len(rows), T]`` with T the longest
+        of their responses (:meth:`Policy.logprobs`; whole trajectories by
+        :func:`mmrl.episodes.trajectory_logprobs`, scoring the sampled tokens only)."""
+        if self.trajectories is not None:
+            from mmrl.episodes import trajectory_logprobs
+
+            kwargs.setdefault("with_entropy", True)  # as Policy.logprobs
+            return trajectory_logprobs(policy, [self.trajectories[j] for j in rows], **kwargs)
+        return policy.logprobs([self.prompt(j) for j in rows], [self.completions[j] for j in rows], **kwargs)
 
 
 def loss_options(cfg: Config) -> dict[str, Any]:
@@ -208,11 +229,8 @@ class PolicyUpdate:
         """Forward and backward of one micro-batch; adds its share to ``acc``; returns its loss statistics and
         token count (a zero-weight padding micro-batch runs both passes and counts nothing)."""
         a, dev, pol = self.cfg.algo, self.policy.device, self.policy
-        logp, ent, mask = pol.logprobs(
-            [batch.prompt(i) for i in part],
-            [batch.completions[i] for i in part],
-            temperature=self.temperature,
-            entropy_grad=a.entropy_coef != 0,
+        logp, ent, mask = batch.logprobs(
+            pol, part, temperature=self.temperature, entropy_grad=a.entropy_coef != 0
         )
         T = logp.shape[1]
         adv = batch.advantages[part]
