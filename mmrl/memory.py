@@ -18,6 +18,7 @@ from mmrl.config import Config, ConfigError
 GIB = 1024**3
 DEFAULT_GPU_GIB = 80.0
 TEXT_TOKENS = 256  # the text part of a prompt (chat template, system prompt, question) when not given
+OBSERVATION_TEXT_TOKENS = 32  # an episode's observation turn: the template's markers and the env's text
 SHIPPED_CONFIGS = Path(__file__).resolve().parents[1] / "assets" / "configs"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -281,15 +282,33 @@ def sequence(cfg: Config, shapes: ModelShapes, opts: PlanOptions) -> Sequence:
         per_image, image_patches = shapes.tokens_per_image, shapes.patches_per_image
     frames = max(1, math.ceil(m.video_max_frames / shapes.temporal_patch))
     per_video = frames * (m.video_max_pixels // shapes.pixels_per_token)
+    r = cfg.rollout
+    response = r.max_new_tokens
+    visual = images * per_image
+    if (
+        r.env and r.max_turns > 1
+    ):  # an episode: every turn's completion, and each observation's text and image
+        later = r.max_turns - 1
+        if r.max_images is not None:
+            later = max(0, min(later, r.max_images - images))
+        images += later
+        visual = images * per_image
+        if r.max_context_pixels is not None:
+            visual = min(visual, r.max_context_pixels // shapes.pixels_per_token)
+        response = r.max_turns * r.max_new_tokens + (r.max_turns - 1) * OBSERVATION_TEXT_TOKENS
     if shapes.vision is None:
-        images = videos = 0
+        images = videos = visual = 0
+    text = TEXT_TOKENS if opts.text_tokens is None else opts.text_tokens
+    if r.env and r.max_total_tokens is not None:  # episodes stop before passing it
+        response = max(r.max_new_tokens, min(response, r.max_total_tokens - text - visual))
     return Sequence(
-        text_tokens=TEXT_TOKENS if opts.text_tokens is None else opts.text_tokens,
+        text_tokens=text,
         images=images,
         videos=videos,
-        visual_tokens=images * per_image + videos * per_video,
-        patches=images * image_patches + videos * per_video * shapes.merge**2,
-        response=cfg.rollout.max_new_tokens,
+        visual_tokens=visual + videos * per_video,
+        patches=(visual * image_patches // per_image if per_image else 0)
+        + videos * per_video * shapes.merge**2,
+        response=response,
     )
 
 

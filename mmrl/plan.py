@@ -65,7 +65,10 @@ MLP widths, ``S`` the sequence (prompt + response) and ``T`` the response length
 The prompt is ``--text-tokens`` of text (default ``TEXT_TOKENS``) plus, per image, ``max_pixels / (patch x
 merge)^2`` visual tokens (one per 28 x 28 px for Qwen2.5-VL: ``patch_size x spatial_merge_size`` from the vision
 config) and per video ``video_max_frames / temporal_patch x video_max_pixels / (patch x merge)^2``; by default one
-image per prompt, or the most images and videos a record of ``data.train`` holds when that file exists.
+image per prompt, or the most images and videos a record of ``data.train`` holds when that file exists. A
+multi-turn recipe (``rollout.env``) plans its longest episode as one sequence: ``max_turns`` completions and
+``max_turns - 1`` observations (each ``OBSERVATION_TEXT_TOKENS`` of text and one image, within ``max_images`` and
+``max_context_pixels``), cut at ``max_total_tokens``.
 
 The verdict compares each stage's total with the GPU (``--gpu-memory``, else ``hardware.gpu_memory_gib``, else 80
 GiB). A run that does not fit gets the cheapest change that does, found by planning each candidate again, in this
