@@ -1,7 +1,8 @@
 """The run report (``mmrl report RUN_DIR``, also written at the end of ``mmrl train``).
 
 Writes into the run directory: ``reward_curve.png`` (train reward and held-out accuracy), ``plots/*.png`` (reward and
-each reward's parts, KL, entropy, response length, groups with signal, eval accuracy overall and per group),
+each reward's parts, KL, entropy, response length, groups with signal, eval accuracy overall and per group, and for
+multi-turn runs the ``episode/*`` metrics: rates such as success in one plot, counts such as turns in another),
 ``report.md`` and ``report.html`` (the plots and a gallery of the latest logged rollouts, see
 :mod:`mmrl.report_html`). It reads only what the run wrote, so it runs on a finished run or on one in progress: a torn
 last line (a row being appended) is left out, and files are replaced atomically so a reader never sees half a page.
@@ -125,7 +126,11 @@ def _curves(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
         parts = [k for k in rewards if k.startswith(f"{name}/")]
         if parts:
             topics.append((f"reward_{name[7:]}", f"{name[7:]}: score and parts", [name, *parts], True))
+    episode = [k for k in keys if k.startswith("episode/")]
+    rates = [k for k in episode if all(0.0 <= v <= 1.0 for v in _series(rows, k)[1])]
     topics += [
+        ("episode", "episodes: rates (success, step accuracy, ...)", rates, True),
+        ("episode_counts", "episodes: counts (turns, ...)", [k for k in episode if k not in rates], True),
         ("kl", "KL to the reference", ["kl"], True),
         ("entropy", "policy entropy", ["entropy"], True),
         (
@@ -166,6 +171,10 @@ def _summary(out: Path, train: list[dict[str, Any]], evals: list[dict[str, Any]]
             v for r in train for k, v in r.items() if k.startswith("time/") and isinstance(v, (int, float))
         )
         summary["final_reward_mean"] = train[-1]["reward/mean"]
+        episode = {
+            k: v for k, v in train[-1].items() if k.startswith("episode/") and isinstance(v, (int, float))
+        }
+        summary |= {f"final_{k}": v for k, v in sorted(episode.items())}
     return summary
 
 

@@ -1,7 +1,9 @@
 """`mmrl report RUN_DIR`: plots, report.md and a self-contained report.html whose gallery a real browser renders.
 
 Two run directories: one written by a real 2-step shapes run of the tiny model, and a synthetic one with a kept
-LaTeX render (and a render failure) and a GUI answer, whose page is opened in headless Chromium.
+LaTeX render (and a render failure) and a GUI answer, whose page is opened in headless Chromium. Multi-turn
+episodes (a browser task with clicks, a zoom question with boxes and crops) are checked as strips of screens with
+the actions drawn on them.
 """
 
 import base64
@@ -330,3 +332,217 @@ def test_gallery_draws_the_pathology_region_from_the_rows_metadata(tmp_path):
     marked, unmarked = _decode(shown[0]), _decode(shown[1])
     assert unmarked.getpixel((60, 30)) == (0, 170, 0)  # the target's left edge, green
     assert marked.getpixel((60, 30)) == (220, 0, 0)  # the marked box maps onto it exactly (drawn last, red)
+
+
+# ---------------------------------------------------------------------------------------------- episode strips
+
+SCREEN_0, SCREEN_1 = (230, 230, 235), (200, 220, 255)  # the browser's first screen and the one after turn 0
+PAGE, CROP_0, CROP_1 = (245, 240, 225), (255, 230, 200), (220, 255, 220)
+
+
+def _png(path: Path, size: tuple[int, int], colour: tuple[int, int, int]) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", size, colour).save(path)
+    return str(path)
+
+
+def _turn(action: str, images: list[str], info: dict, reward: float = 0.0) -> dict:
+    return {
+        "action": action,
+        "reward": reward,
+        "state_key": "s",
+        "finish_reason": "stop",
+        "images": images,
+        "info": info,
+    }
+
+
+def _episode_run(tmp_path: Path) -> Path:
+    """A run of two logged multi-turn groups: a browser task (clicks on 400x300 screenshots; an invalid action that
+    shows no new screen; a screenshot file that is missing) and a zoom question (boxes on an 800x600 page, crops)."""
+    run = tmp_path / "episodes-run"
+    run.mkdir()
+    (run / "config.json").write_text(
+        json.dumps({"model": {"path": "x"}, "rewards": [{"name": "env_return"}]})
+    )
+    metrics = [
+        {"step": s, "reward/mean": 0.3 * s, "episode/success": 0.3 * s, "episode/step_accuracy": 0.2 * s,
+         "episode/turns_mean": 4.0 - 0.5 * s}
+        for s in range(1, 4)
+    ]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    # a sample image is where the trainer found it; turn images are relative to the run folder
+    first = _png(tmp_path / "data" / "screen-0.png", (400, 300), SCREEN_0)
+    _png(run / "episodes/b0/step-01.png", (400, 300), SCREEN_1)
+    browser = {
+        "step": 3,
+        "id": "app-1",
+        "prompt": "Turn on dark mode.",
+        "images": [first],
+        "answer": json.dumps({"action": "click", "bbox": [0, 0, 10, 10]}),  # GUI-looking, but no overlay
+        "metadata": {},
+        "responses": [
+            {
+                "text": "{'action': 'click', 'coordinate': [50, 250]}",
+                "finish": "stop",
+                "reward": 1.0,
+                "parts": {"env_return": 1.0},
+                "episode": {"end": "done", "return": 1.0, "turns_count": 4},
+                "turns": [
+                    _turn(
+                        "{'action': 'click', 'coordinate': [100, 80]}",
+                        ["episodes/b0/step-01.png"],
+                        {"action": "click", "target_hit": True, "point": [100, 80]},
+                    ),
+                    _turn(
+                        "<script>alert(1)</script> tap it",
+                        [],
+                        {"action": "invalid", "invalid": True, "target_hit": False, "point": None},
+                    ),
+                    _turn(
+                        "{'action': 'click', 'coordinate': [300, 200]}",
+                        ["episodes/b0/step-03.png"],
+                        {"action": "click", "target_hit": True, "point": [300, 200]},
+                    ),
+                    _turn(
+                        "{'action': 'click', 'coordinate': [50, 250]}",
+                        [],
+                        {"action": "click", "target_hit": True, "success": True, "point": [50, 250]},
+                        1.0,
+                    ),
+                ],
+            },
+            {
+                "text": "{'action': 'scroll', 'direction': 'down'}",
+                "finish": "stop",
+                "reward": 0.0,
+                "parts": {},
+                "episode": {"end": "error", "return": 0.0, "turns_count": 1, "error": "worker died <b>x</b>"},
+                "turns": [_turn("{'action': 'scroll', 'direction': 'down'}", [], {"action": "scroll"})],
+            },
+        ],
+    }
+    page = _png(tmp_path / "data" / "page.png", (800, 600), PAGE)
+    _png(run / "episodes/z0/crop-0.png", (300, 200), CROP_0)
+    _png(run / "episodes/z0/crop-1.png", (280, 200), CROP_1)
+    _png(run / "episodes/z1/crop-0.png", (300, 300), CROP_1)
+    zoom = {
+        "step": 3,
+        "id": "chart-9",
+        "prompt": "What is the value in the small label?",
+        "images": [page],
+        "answer": "42",
+        "metadata": {"target_box": [600, 450, 700, 520]},
+        "responses": [
+            {
+                "text": "<answer>42</answer>",
+                "finish": "stop",
+                "reward": 1.0,
+                "parts": {},
+                "episode": {"end": "done", "return": 1.0, "turns_count": 3},
+                "turns": [
+                    _turn(
+                        "zoom(500, 400, 800, 600)",
+                        ["episodes/z0/crop-0.png"],
+                        {"action": "zoom", "box": [500, 400, 800, 600], "zoom_hit": True},
+                    ),
+                    _turn(
+                        "zoom(620, 460, 690, 510)",
+                        ["episodes/z0/crop-1.png"],
+                        {"action": "zoom", "box": [620, 460, 690, 510], "zoom_hit": True},
+                    ),
+                    _turn("<answer>42</answer>", [], {"action": "answer", "correct": True}, 1.0),
+                ],
+            },
+            {
+                "text": "zoom(0, 0, 300, 300)",
+                "finish": "stop",
+                "reward": 0.0,
+                "parts": {},
+                "episode": {"end": "max_turns", "return": 0.0, "turns_count": 1},
+                "turns": [
+                    _turn(
+                        "zoom(0, 0, 300, 300)",
+                        ["episodes/z1/crop-0.png"],
+                        {"action": "zoom", "box": [0, 0, 300, 300], "zoom_hit": False},
+                    )
+                ],
+            },
+        ],
+    }
+    (run / "rollouts.jsonl").write_text(json.dumps(browser) + "\n" + json.dumps(zoom) + "\n")
+    return run
+
+
+def _strips(html: str) -> list[list[str]]:
+    """Each strip of the page as the HTML of its cells."""
+    strips = [s.split("</td></tr>", 1)[0] for s in html.split('<div class="strip"')[1:]]
+    return [s.split('<div class="cell')[1:] for s in strips]
+
+
+def _cell_image(cell: str) -> Image.Image:
+    return _decode(re.search(r'<img src="(data:image/png;base64,[^"]+)"', cell).group(1))
+
+
+def _near(img: Image.Image, x: float, y: float, colour: tuple[int, int, int], r: int = 1) -> bool:
+    """Whether ``colour`` is at (x, y) or within ``r`` pixels of it (a 1-px line at a fractional place)."""
+    return any(
+        img.getpixel((round(x) + dx, round(y) + dy)) == colour
+        for dx in range(-r, r + 1)
+        for dy in range(-r, r + 1)
+    )
+
+
+def test_episode_strips_show_each_turn_on_the_screen_it_acted_on(tmp_path):
+    run = _episode_run(tmp_path)
+    summary = write_report(run)
+    assert summary["final_episode/success"] == pytest.approx(0.9)
+    plots = {Path(p).name for p in summary["plots"]}
+    assert {"episode.png", "episode_counts.png"} <= plots  # rates (success, step accuracy) apart from turns
+    html = (run / "report.html").read_text()
+    strips = _strips(html)
+    # one strip per response: a cell per turn and one for the end; no single-turn overlay on an episode
+    assert [len(s) for s in strips] == [5, 2, 4, 2]
+    assert "prediction and target drawn on the input" not in html
+
+    browser = strips[0]
+    assert "<script" not in html and "&lt;script&gt;alert(1)&lt;/script&gt; tap it" in browser[1]
+    on = [_cell_image(c).getpixel((3, 3)) if "<img" in c else None for c in browser]
+    # 0: the first screen; 1 (invalid) and 2: the screen turn 0 brought; 3: turn 2's screenshot is missing
+    assert on[:3] == [SCREEN_0, SCREEN_1, SCREEN_1] and on[3] is None
+    assert "image not found: episodes/b0/step-03.png" in browser[3]
+    assert "on turn 0&#39;s image" in browser[2] and "invalid action: the screen stays" in browser[1]
+    # 400x300 screens shown at 256x192: the clicks (100, 80) and (300, 200) at (64, 51.2) and (192, 128)
+    assert _cell_image(browser[0]).getpixel((64, 51)) == (220, 0, 0)
+    assert _cell_image(browser[2]).getpixel((192, 128)) == (220, 0, 0)
+    assert _cell_image(browser[1]).getpixel((192, 128)) == SCREEN_1  # no click drawn for the invalid action
+    assert "target ✓" in browser[0] and "target ✗" in browser[1]
+    assert "end: done" in browser[4] and "return 1.000" in browser[4] and "4 turns" in browser[4]
+    assert "<img" not in browser[4]  # the last action brought no screen
+    assert "end: error" in strips[1][1] and "worker died &lt;b&gt;x&lt;/b&gt;" in strips[1][1]
+
+    zoom = strips[2]
+    page = _cell_image(zoom[0])  # 800x600 shown at 256x192 (x0.32), every zoom box drawn on it
+    assert page.size == (256, 192)
+    assert _near(page, 500 * 0.32, 500 * 0.32, (220, 0, 0))  # turn 0's box, left edge
+    assert _near(page, 620 * 0.32, 485 * 0.32, (220, 0, 0))  # turn 1's box, left edge
+    assert _near(page, 700 * 0.32, 485 * 0.32, (0, 170, 0))  # the target box, right edge
+    # each crop, then acted on; after the last zoom of a max_turns episode, its crop is in the end cell
+    assert [_cell_image(c).getpixel((3, 100)) for c in zoom[1:3]] == [CROP_0, CROP_1]
+    assert "zoom [620, 460, 690, 510] (drawn on the first image)" in zoom[1]
+    assert "zoom hit ✓" in zoom[0] and "correct ✓" in zoom[2]
+    assert "<img" not in zoom[3] and "end: done" in zoom[3]
+    assert _cell_image(strips[3][1]).getpixel((100, 100)) == CROP_1
+    assert "end: max_turns" in strips[3][1] and "turn 0&#39;s image, not acted on" in strips[3][1]
+
+
+@pytest.mark.chromium
+def test_episode_strips_in_a_browser(tmp_path):
+    run = _episode_run(tmp_path)
+    write_report(run)
+    got = _browser_check(run / "report.html", tmp_path / "strips.png")
+    shown = [ok for alt, ok in got["imgs"] if alt in ("episode screen", "final screen")]
+    assert len(shown) == 9 and all(shown)  # 9 turns and a final crop, less the missing screenshot
+    assert "<script>alert(1)</script> tap it" in got["text"]  # shown as text, never run
+    assert "image not found: episodes/b0/step-03.png" in got["text"]
+    assert got["dialogs"] == [] and got["scripts"] == 0
