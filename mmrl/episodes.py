@@ -48,6 +48,16 @@ when the next turn (marker, observation and ``max_new_tokens``) would take the s
 (``"max_tokens"``); the first turn always runs. An episode whose env fails at ``reset`` has no turns (an empty
 response, ``end = "error"``).
 
+Teacher-forced episodes (``teacher="oracle"``): each turn's completion is not sampled but is the env's oracle text
+(:meth:`mmrl.envs.Env.oracle`, asked through :meth:`EnvPool.oracle`) tokenised alone (no special tokens) and
+followed by the assistant's end-of-turn marker, so it ends like a sampled completion that stopped: mask 1, log-probs
+0, ``finish_reason`` ``"stop"``. When the oracle's text starts with the turn's ``response_prefix`` (the think block
+the generation prompt opened), that prefix is cut from the completion, since the env reads prefix + completion.
+Everything else (observations, deltas, images, budgets, limits) is the sampled path's; no engine is needed. An
+oracle that has no action before the env said done ends its episode (``end = "error"``). The mask-1 tokens of such a
+trajectory are exactly what the policy would sample, so :func:`trajectory_logprobs` over it is the multi-turn SFT
+objective (:mod:`mmrl.sft`).
+
 The training forward (:func:`trajectory_logprobs`) is the padded layout of :meth:`Policy.collate` over whole
 trajectories; environment tokens keep their ids (an observation's image placeholders are image slots there, unlike
 a completion's, which :meth:`Policy.collate` blanks).
@@ -411,15 +421,24 @@ def run_episodes(
     images: ImageBudget = ImageBudget(),  # noqa: B008  (frozen)
     role: str = "user",
     prompts: list[EncodedPrompt] | None = None,
+    teacher: str | None = None,
 ) -> list[list[Trajectory]]:
     """``params.n`` episodes of each sample, ``[B][G]``. Without ``env_name`` each is one turn (the collector's
     single-turn rollout); with it, episodes of ``env_name`` (options ``env_options``) run in ``pool``, up to
     ``max_turns`` completions and ``max_total_tokens`` tokens in all, observation images within ``images``, each
-    observation a ``role`` turn. ``prompts``: the samples already encoded (the collector's prompt cache)."""
+    observation a ``role`` turn. ``prompts``: the samples already encoded (the collector's prompt cache).
+    ``teacher="oracle"``: the env's oracle writes every turn instead of ``engine`` (None allowed; module
+    docstring)."""
     if env_name is not None and pool is None:
         raise ValueError(f"env {env_name!r}: run_episodes needs an EnvPool (pool=...) to run its episodes in")
     if max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+    if teacher not in (None, "oracle") or (teacher is not None and env_name is None):
+        raise ValueError(
+            f"teacher={teacher!r}: the only teacher is 'oracle', the env's own (Env.oracle), so it needs env_name"
+        )
+    if teacher is None and engine is None:
+        raise ValueError("run_episodes needs an engine to sample from (or teacher='oracle')")
     prompts = prompts if prompts is not None else [policy.encode(s) for s in samples]
     G = params.n
     if env_name is None:  # one turn each, rewarded by the run's rewards; the G episodes share their prompt
@@ -436,8 +455,13 @@ def run_episodes(
     try:
         while live:
             turn += 1
-            for t, c in zip(live, _generate(engine, [t.context() for t in live], params)):
-                t.add_completion(c)
+            if teacher is None:
+                for t, c in zip(live, _generate(engine, [t.context() for t in live], params)):
+                    t.add_completion(c)
+            else:
+                live = _teach(policy, pool, live, marker)
+                if not live:
+                    break
             if pool is None or env_name is None:  # single-turn samples
                 for t in live:
                     t.end = "single_turn"
@@ -574,6 +598,30 @@ def _generate(engine: Any, contexts: list[EncodedPrompt], params: SamplingParams
         pending = {id(c): list(g) for c, g in zip(unique, groups)}
         return [pending[id(c)].pop(0) for c in contexts]
     return [g[0] for g in engine.generate(contexts, replace(params, n=1))]
+
+
+def _teach(policy: Policy, pool: EnvPool, live: list[Trajectory], marker: int) -> list[Trajectory]:
+    """Teacher forcing (module docstring): each live episode's completion is its env's oracle text and the
+    end-of-turn ``marker``; an episode whose oracle has no action ends with an error. The episodes that go on."""
+    texts = pool.oracle([t.episode_id for t in live])
+    going, stopped = [], []
+    for t in live:
+        text = texts[t.episode_id]
+        if text is None:
+            t.end = "error"
+            t.error = (
+                f"episode {t.episode_id!r}: the env's oracle has no next action but the env did not say done (an "
+                "oracle that cannot finish the task from this state, or a worker restart that lost the episode)"
+            )
+            stopped.append(t.episode_id)
+            continue
+        if t.response_prefix and text.startswith(t.response_prefix):
+            text = text[len(t.response_prefix) :]
+        ids = policy.tokenizer(text, add_special_tokens=False).input_ids + [marker]
+        t.add_completion(Completion(ids, text, [0.0] * len(ids), "stop"))
+        going.append(t)
+    pool.close_episode(*stopped)
+    return going
 
 
 # ---------------------------------------------------------------------------------------------- training forward

@@ -4,7 +4,8 @@
 ``counter``: each action is a command: ``add K`` adds K to the total; ``hang S`` sleeps S seconds; ``crash`` kills
 the worker (``os._exit(3)``); ``raise`` raises; ``spawn`` starts a ``sleep 60`` child and reports its pid; anything
 else is an invalid action. The episode ends after ``limit`` valid steps with reward = total. Every result's info
-says which process and sample it came from, so tests can check the routing.
+says which process and sample it came from, so tests can check the routing. Its oracle says ``add 1``; the
+sample's metadata ``oracle`` makes it have none (``"none"``), raise (``"raise"``) or hang (``"hang"``, 30 s).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class CounterEnv(Env):
             raise RuntimeError(f"cannot start {sample.id}")
         time.sleep(self.reset_sleep)
         self.sample_id, self.total, self.steps = sample.id, 0, 0
+        self.oracle_mode = sample.metadata.get("oracle", "add")
         return Observation(text=f"start {sample.id}", images=[], state_key=self.key())
 
     def key(self) -> str:
@@ -59,6 +61,15 @@ class CounterEnv(Env):
         if self.steps >= self.limit:
             return StepResult(None, float(self.total), True, info)
         return StepResult(Observation(f"total {self.total}", [], self.key()), 0.0, False, info)
+
+    def oracle(self) -> str | None:
+        if self.oracle_mode == "none":
+            return super().oracle()
+        if self.oracle_mode == "raise":
+            raise RuntimeError("oracle bug")
+        if self.oracle_mode == "hang":
+            time.sleep(30)
+        return "add 1"
 
     def close(self) -> None:
         for child in self.children:

@@ -5,7 +5,8 @@ tests/ on sys.path) or by file.
 step) after the text ``"{text} {step}:"``, whatever the action; a step's reward is ``0.1 * step``, and the episode
 ends with reward 1 after ``steps`` steps. The state key is the sample id and the step. A sample whose metadata has
 ``hang`` sleeps ``hang_s`` seconds in its steps (a timeout when the pool's deadline is shorter), and ``reset_images``
-pictures are shown at reset.
+pictures are shown at reset. Its oracle says the metadata's ``oracle`` (default ``"step {step}"``) formatted with the
+step number, and has no action from step ``oracle_steps`` on (metadata; default: never).
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ class PicturesEnv(Env):
             f"{self.text} {self.step_no}:", [self._picture(f"step-{self.step_no}")], self._key()
         )
         return StepResult(obs, 0.1 * self.step_no, False, info)
+
+    def oracle(self) -> str | None:
+        meta = self.sample.metadata
+        if self.step_no >= meta.get("oracle_steps", self.steps):
+            return None
+        return meta.get("oracle", "step {step}").format(step=self.step_no)
 
     def close(self) -> None:
         return None

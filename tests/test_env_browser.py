@@ -236,6 +236,33 @@ def test_clicks_map_exactly_from_each_frame(make_env, frame):
 
 
 @chromium
+@pytest.mark.parametrize("frame", ["model_pixels", "relative_1", "original_pixels"])
+def test_the_oracle_writes_its_actions_in_the_models_frame_and_solves_the_task(make_env, frame):
+    """The oracle's text, parsed by the env and mapped back from the model's frame, hits every target and solves
+    the task; ``info["point"]`` is the page pixel each pointing action landed on (within the frame's rounding)."""
+    for kind, seed in [("form", 0), ("settings", 4), ("mail", 2)]:
+        env = make_env(kind, seed, frame)
+        while True:
+            page = env.oracle_action()
+            text = env.oracle()
+            assert text.startswith("<think></think><answer>[{'action': ") and text.endswith("}]</answer>")
+            result = env.step(text)
+            assert result.info["target_hit"] and result.info["valid"], (kind, seed, text, result.info)
+            if "coordinate" in page:
+                unit = (W / MODEL[0], H / MODEL[1]) if frame == "model_pixels" else (W / 1000, H / 1000)
+                unit = (0, 0) if frame == "original_pixels" else unit
+                assert all(
+                    abs(a - b) <= u / 2 + 1e-6
+                    for a, b, u in zip(result.info["point"], page["coordinate"], unit)
+                ), (result.info["point"], page)
+            else:
+                assert result.info["point"] is None
+            if result.done:
+                assert result.reward == 1.0 and env.oracle_action() is None
+                break
+
+
+@chromium
 def test_state_keys_follow_the_state_not_the_path(make_env):
     envs = [make_env("settings", 4) for _ in range(3)]
     section = next(s for s in envs[0].app.goal if len(envs[0].app.goal[s]) >= 2)

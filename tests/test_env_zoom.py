@@ -178,6 +178,7 @@ def test_answer_scoring_penalty_and_floor(tmp_path, image_path):
         assert r.info == {
             "action": "answer",
             "correct": correct,
+            "target_hit": correct,
             "calls": zooms,
             "reason": "answer",
         }
@@ -212,6 +213,50 @@ def test_zoom_hit_says_whether_the_crop_holds_the_target(tmp_path, image_path):
     env, _ = _env(tmp_path, image_path)  # target_box [100, 50, 120, 60]
     assert env.step("zoom(90, 40, 130, 70)").info["zoom_hit"] is True
     assert env.step("zoom(105, 40, 130, 70)").info["zoom_hit"] is False
+
+
+@pytest.mark.parametrize(
+    "frame, model",
+    [
+        ("original_pixels", (W, H)),
+        ("model_pixels", (224, 140)),  # a non-uniform scale
+        ("model_pixels", (50, 34)),  # 6 original px per model px: rounding alone would cut the target
+        ("relative_1000", (224, 140)),
+        ("relative_1", (224, 140)),
+    ],
+)
+def test_the_oracle_zooms_on_the_target_through_the_envs_parsing_then_answers(
+    tmp_path, image_path, frame, model
+):
+    env, _ = _env(tmp_path, image_path, frame, model, max_calls=2)  # target_box [100, 50, 120, 60]
+    zoom = env.oracle()
+    kind, box = parse_action(zoom)
+    assert kind == "zoom" and zoom.startswith('<tool_call>{"name": "zoom", "arguments": {"bbox": [')
+    digits = 3 if frame == "relative_1" else 0
+    assert all(round(v, digits) == v for v in box)  # written at the precision the env writes boxes
+    r = env.step(zoom)
+    assert r.info["zoom_hit"] is True and r.info["target_hit"] is True
+    left, top, right, bottom = r.info["box"]  # the target and a small margin, not the whole image
+    assert right - left <= 20 + 2 * 4 + 2 * 6 + 1 and bottom - top <= 10 + 2 * 4 + 2 * 6 + 1
+    assert env.oracle() == "<answer>A7</answer>"
+    done = env.step(env.oracle())
+    assert done.done and done.reward == 1.0 and done.info["target_hit"] is True
+    assert env.oracle() is None
+
+
+def test_target_hit_is_each_steps_correctness(tmp_path, image_path):
+    env, _ = _env(tmp_path, image_path, max_calls=3)
+    assert env.step("zoom(0, 0, 50, 50)").info["target_hit"] is False  # a zoom that misses
+    assert env.step("garbage").info["target_hit"] is False
+    assert env.oracle().startswith("<tool_call>")  # no zoom has held the target yet
+    assert env.step("<answer>B8</answer>").info["target_hit"] is False
+    env, _ = _env(tmp_path, image_path, max_calls=0)
+    assert env.oracle() == "<answer>A7</answer>"  # no zoom left: the oracle answers at once
+    env = ZoomEnv(workdir=tmp_path / "no-target")
+    env.reset(Sample(id="z2", messages=[], images=[str(image_path)], answer="A7"))
+    assert env.step("zoom(0, 0, 50, 50)").info["target_hit"] is False
+    with pytest.raises(ValueError, match="sample 'z2': the zoom env's oracle needs metadata target_box"):
+        env.oracle()
 
 
 def test_reset_refuses_inconsistent_samples(tmp_path, image_path):

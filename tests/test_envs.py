@@ -277,6 +277,41 @@ def test_garbage_collected_pool_stops_its_workers(tmp_path):
     assert not _alive(pid)
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_oracle_is_asked_in_the_workers_and_its_failures_name_env_and_episode(tmp_path, workers):
+    """An oracle's text comes back per episode and changes nothing; an env without one, or one that raises, is an
+    error for the caller naming the env and the episode, and the episode stays live."""
+    cases = [("e0", {}), ("none", {"oracle": "none"}), ("raise", {"oracle": "raise"})]
+    with EnvPool(tmp_path, workers=workers, timeout_s=20) as pool:
+        pool.reset([(eid, "test_counter", {"limit": 2}, _sample(i, **m)) for i, (eid, m) in enumerate(cases)])
+        assert pool.oracle(["e0"]) == {"e0": "add 1"}
+        with pytest.raises(
+            RuntimeError, match="env 'test_counter', episode 'none': .*NotImplementedError: env"
+        ):
+            pool.oracle(["e0", "none"])
+        with pytest.raises(
+            RuntimeError, match="episode 'raise': the oracle failed: RuntimeError: oracle bug"
+        ):
+            pool.oracle(["raise"])
+        out = pool.step({eid: "add 1" for eid, _ in cases})
+        assert all(r.info["total"] == 1 and not r.done for r in out.values())
+        assert pool.stats()["failed"] == 0
+        with pytest.raises(KeyError, match="'nope' is not live"):
+            pool.oracle(["nope"])
+
+
+def test_a_hung_oracle_times_out_and_the_episode_is_replayed(tmp_path):
+    with EnvPool(tmp_path, workers=1, timeout_s=1.0) as pool:
+        pool.reset(
+            [("hang", "test_counter", {"limit": 3}, _sample(0, oracle="hang")), *_episodes(1, limit=3)]
+        )
+        pool.step({"hang": "add 2", "e0": "add 3"})
+        with pytest.raises(RuntimeError, match="episode 'hang': the oracle failed: timeout"):
+            pool.oracle(["e0", "hang"])
+        out = pool.step({"hang": "add 1", "e0": "add 1"})  # both rebuilt by replay in the fresh worker
+        assert [r.info["total"] for r in out.values()] == [3, 4] and pool.stats()["restarts"] == 1
+
+
 def test_result_types_are_plain_data():
     r = StepResult(Observation("t", ["a.png"], "k"), 1.0, False, {"x": 1})
     assert r.observation.images == ["a.png"] and StepResult(None, 0.0, True).info == {}

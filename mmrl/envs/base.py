@@ -11,6 +11,7 @@
         def reset(self, sample: Sample) -> Observation: ...
         def step(self, action_text: str) -> StepResult: ...
         def close(self) -> None: ...
+        def oracle(self) -> str | None: ...  # optional: the next correct action (teacher-forced episodes, SFT)
         @classmethod
         def check_options(cls, options) -> None: ...  # optional: value checks at pre-flight
 
@@ -29,6 +30,14 @@ next user (tool) turn: its text, then its images.
 Model output is hostile input: :meth:`Env.step` never raises on a malformed action. It answers with an observation
 saying what was wrong (``"invalid action: expected ..."``), reward 0 and ``info["invalid"] = True``. An exception that
 escapes an env anyway (a bug) ends that episode with reward 0 and ``info["error"]``; it never stops training.
+
+The oracle (optional): :meth:`Env.oracle` gives the FULL TEXT of the next correct action, written as the model
+should write it (its action format, coordinates in the model's frame from the sample's metadata, as the env parses
+them), or None when the episode needs no more actions. It drives teacher-forced episodes
+(:func:`mmrl.episodes.run_episodes` with ``teacher="oracle"``) and through them the multi-turn SFT warm start
+(:mod:`mmrl.sft`). An env without one raises NotImplementedError; unlike :meth:`Env.step`, the oracle is not fed
+model output, so any exception from it is a bug or a misconfiguration and reaches the caller
+(:meth:`mmrl.envs.pool.EnvPool.oracle`).
 
 :func:`get_env` accepts a registered name or ``package.module:Class`` (a class of the user's own package; it need not
 be registered). A worker process finds the class again by module and qualified name (:func:`env_ref`), importing the
@@ -102,6 +111,15 @@ class Env(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release what the episode holds (a browser page, open files); called once, also after ``done``."""
+
+    def oracle(self) -> str | None:
+        """The next correct action's full text in the model's format and coordinate frame, or None when the
+        episode needs no more actions (module docstring). Optional: envs without a teacher do not override it."""
+        raise NotImplementedError(
+            f"env {self.name or type(self).__name__!r} ({type(self).__qualname__}) has no oracle: it cannot drive "
+            "teacher-forced episodes or a multi-turn SFT warm start; implement Env.oracle() or warm-start "
+            "single-turn (no rollout.env)"
+        )
 
     @classmethod  # noqa: B027  (an optional hook: no checks by default)
     def check_options(cls, options: Mapping[str, Any]) -> None:

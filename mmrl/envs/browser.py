@@ -55,8 +55,14 @@ not a hash of pixels.
 ``info`` per step: ``action``, ``valid``/``invalid``, ``hit`` (a pointing action landed on an interactive element,
 by ``elementFromPoint`` before the action; None for others), ``target_hit`` (the action is the oracle's next one:
 the element it would click, a scroll its way, back when it goes back, the field and text it would type),
-``success``, ``steps``, ``blocked_requests`` (this episode's), and ``reason`` on the last step. :meth:`oracle_action`
-gives the oracle's next action in page pixels (SFT demonstrations, tests).
+``success``, ``steps``, ``blocked_requests`` (this episode's), ``point`` (the page-pixel point ``[x, y]`` a pointing
+action was mapped to, for a report to draw the click; None for others), and ``reason`` on the last step.
+
+The oracle. :meth:`BrowserAppEnv.oracle_action` gives the oracle's next action in page pixels (data builders,
+tests); :meth:`BrowserAppEnv.oracle` writes it as the model should (:func:`action_response`): its coordinate mapped
+to the model's frame with the sizes of the sample's metadata (whole numbers; 3 decimals in ``relative_1``), as
+``<think></think><answer>[{...}]</answer>`` (the action dict's repr); None when the task is done or the oracle
+cannot finish it from this state (a wrong order in the shop).
 """
 
 from __future__ import annotations
@@ -74,7 +80,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.envs.base import Env, Observation, StepResult, register_env
-from mmrl.families import DEFAULT_FRAME, frame_to_original
+from mmrl.families import DEFAULT_FRAME, frame_to_original, original_to_frame
 from mmrl.rewards.gui import parse_literal
 from mmrl.rewards.html_sandbox import HtmlRenderer
 from mmrl.types import Sample
@@ -178,6 +184,20 @@ def _pair(value: Any) -> tuple[float, float] | None:
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
             return float(value[0]), float(value[1])
     return None
+
+
+def action_response(
+    action: dict[str, Any], frame: str, viewport: tuple[int, int], model_size: tuple[int, int]
+) -> str:
+    """The full-marks response for an oracle ``action`` (page pixels): its coordinate in ``frame`` for a model that
+    sees the ``viewport`` at ``model_size`` (whole numbers; 3 decimals in ``relative_1``), then
+    ``<think></think><answer>[action]</answer>``."""
+    out = dict(action)
+    if "coordinate" in out:
+        x, y = original_to_frame(*out["coordinate"], frame, viewport, model_size)
+        digits = 3 if frame == "relative_1" else 0
+        out["coordinate"] = [round(x, digits), round(y, digits)] if digits else [round(x), round(y)]
+    return f"<think></think><answer>[{out!r}]</answer>"
 
 
 def resolve_apps(ref: str) -> Callable[[str, int], Any]:
@@ -347,6 +367,7 @@ class BrowserAppEnv(Env):
             "success": success,
             "steps": self.steps,
             "blocked_requests": self.blocked_requests,
+            "point": None if point is None else [float(point[0]), float(point[1])],
         }
         if success or self.steps >= self.max_steps:
             info["reason"] = "success" if success else "max_steps"
@@ -366,6 +387,12 @@ class BrowserAppEnv(Env):
         """The oracle's next action in the gui schema, coordinates in page pixels (the ``original_pixels``
         frame); a scroll when its element is off screen; None when the task is done or cannot be finished."""
         return self._next()[1]
+
+    def oracle(self) -> str | None:
+        """The oracle's next action as the model writes it, in its frame (module docstring); None when there is
+        none."""
+        action = self.oracle_action()
+        return None if action is None else action_response(action, self.frame, self.viewport, self.model_size)
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
@@ -438,7 +465,12 @@ class BrowserAppEnv(Env):
 
     def _invalid(self, why: str) -> StepResult:
         info = {"action": "invalid", "valid": False, "invalid": True, "hit": None, "target_hit": False}
-        info |= {"success": False, "steps": self.steps, "blocked_requests": self.blocked_requests}
+        info |= {
+            "success": False,
+            "steps": self.steps,
+            "blocked_requests": self.blocked_requests,
+            "point": None,
+        }
         if self.steps >= self.max_steps:
             return StepResult(None, 0.0, True, info | {"reason": "max_steps"})
         text = f"invalid action: {why}; {EXPECTED}. {self._left()}"

@@ -26,6 +26,12 @@ Failures never stop training and nothing waits forever:
 - ``workers=0`` runs the envs in this process (tests, debugging): exceptions are caught the same way, but there are
   no deadlines (a hung env hangs the caller) and no crash recovery.
 
+:meth:`EnvPool.oracle` asks live episodes' envs for their next correct action (:meth:`mmrl.envs.Env.oracle`) in
+their workers, in parallel, with the same deadlines and recovery; it changes no episode. Unlike a step, a failing
+oracle (an env without one, an exception) raises to the caller, naming the env and the episode: it is a bug or a
+misconfiguration, not something the model did. The episode stays live (a timed-out one is replayed like its
+neighbours).
+
 An episode that ends (``done``) is closed at once; :meth:`EnvPool.close_episode` closes the ones the driver abandons
 (a turn limit). :meth:`EnvPool.close` (also run at interpreter exit and when the pool is garbage-collected) stops the
 workers, killing those that do not stop within 5 s: no process outlives the pool. Workers are daemonic processes,
@@ -88,12 +94,28 @@ def _execute(envs: dict[str, Env], cmd: tuple[str, str, Any]) -> tuple[str, bool
             if env is not None:
                 env.close()
             return eid, True, None
+        if kind == "oracle":
+            return _oracle(envs, eid)
         return eid, True, _start(envs, eid, *arg)  # "reset", "replay"
     except Exception as exc:
         env = envs.pop(eid, None)
         if env is not None:
             _close_quietly(env)
         return eid, False, describe_exception(exc)
+
+
+def _oracle(envs: dict[str, Env], eid: str) -> tuple[str, bool, Any]:
+    """The episode's next correct action; a failure is answered, and the env stays live (the caller raises)."""
+    env = envs.get(eid)
+    if env is None:
+        return eid, False, f"episode {eid!r} is not live in this worker"
+    try:
+        text = env.oracle()
+    except Exception as exc:
+        return eid, False, describe_exception(exc)
+    if text is not None and not isinstance(text, str):
+        return eid, False, f"oracle returned {type(text).__name__}; return the action's text or None"
+    return eid, True, text
 
 
 def _start(
@@ -201,6 +223,7 @@ def _worker_main(conn: Connection) -> None:
 @dataclass
 class _Episode:
     eid: str
+    env: str  # the name the episode was reset with
     worker: int
     ref: tuple[str, str, str]
     options: dict[str, Any]
@@ -213,7 +236,7 @@ class _Episode:
 
 @dataclass
 class _Cmd:
-    kind: str  # "reset", "replay", "step" or "close"
+    kind: str  # "reset", "replay", "step", "oracle" or "close"
     eid: str
     arg: Any
     budget_s: float
@@ -329,15 +352,15 @@ class EnvPool:
         if dup:
             raise ValueError(f"episode {dup[0]!r} is already live or given twice; close it or use a new id")
         checked = [
-            (eid, get_env(name), validate_env_options(name, opts), s) for eid, name, opts, s in episodes
+            (eid, name, get_env(name), validate_env_options(name, opts), s) for eid, name, opts, s in episodes
         ]
         load = Counter(ep.worker for ep in self._episodes.values())
         cmds = []
-        for eid, cls, opts, sample in checked:
+        for eid, name, cls, opts, sample in checked:
             worker = min(range(max(self.workers, 1)), key=lambda w: (load[w], w))
             load[worker] += 1
             workdir = str(self.root / _folder_name(eid))
-            ep = _Episode(eid, worker, env_ref(cls), opts, sample, workdir, cls.deterministic)
+            ep = _Episode(eid, name, worker, env_ref(cls), opts, sample, workdir, cls.deterministic)
             self._episodes[eid] = ep
             cmds.append(_Cmd("reset", eid, (ep.ref, opts, sample, workdir, [], None), self.timeout_s))
         self._run(cmds)
@@ -357,6 +380,34 @@ class EnvPool:
         self._run(cmds)
         out.update({c.eid: self._result(c) for c in cmds})
         return {eid: out[eid] for eid in actions}
+
+    def oracle(self, episode_ids: Sequence[str]) -> dict[str, str | None]:
+        """Each episode's next correct action (:meth:`mmrl.envs.Env.oracle`: the full text as the model should
+        write it, or None when the episode needs no more actions), asked in parallel in the workers; None too for
+        an episode a worker restart ended (its next :meth:`step` returns that ending). Changes no episode. Raises
+        RuntimeError naming the env and the episode when an env has no oracle or its oracle fails or times out (a
+        bug or a misconfiguration); unknown ids raise KeyError."""
+        self._check_open()
+        unknown = [eid for eid in episode_ids if eid not in self._episodes and eid not in self._ended]
+        if unknown:
+            raise KeyError(f"episode {unknown[0]!r} is not live (never reset, closed, or already done)")
+        out: dict[str, str | None] = {eid: None for eid in episode_ids if eid in self._ended}
+        cmds = [
+            _Cmd("oracle", eid, None, self.timeout_s) for eid in dict.fromkeys(episode_ids) if eid not in out
+        ]
+        self._run(cmds)
+        for c in cmds:
+            if c.ok is None and c.eid in self._ended:  # a restart lost it while its oracle was queued
+                c.ok = True
+        failed = [c for c in cmds if not c.ok]
+        if failed:
+            c, ep = failed[0], self._episodes.get(failed[0].eid)
+            more = f" ({len(failed) - 1} more episodes failed too)" if len(failed) > 1 else ""
+            raise RuntimeError(
+                f"env {ep.env if ep else '?'!r}, episode {c.eid!r}: the oracle failed: {c.value}{more}"
+            )
+        out.update({c.eid: c.value for c in cmds})
+        return {eid: out[eid] for eid in episode_ids}
 
     def close_episode(self, *episode_ids: str) -> None:
         """Close live episodes (ids that are not live are ignored): their envs' ``close`` runs in their workers."""
@@ -400,7 +451,7 @@ class EnvPool:
         if cmd.kind == "step" and cmd.eid in self._ended:  # its episode was lost while this step was queued
             cmd.ok, cmd.value = True, self._ended.pop(cmd.eid)
             return
-        if ep is None:
+        if ep is None or cmd.kind == "oracle":  # an oracle changes no episode; its failure is the caller's
             return
         if not cmd.ok:
             self._counts["failed"] += cmd.kind in ("reset", "step")

@@ -37,7 +37,16 @@ model must answer: a further call ends the episode with reward 0 and ``info["rea
 
 ``info`` per step: ``action`` (``zoom``, ``answer`` or ``invalid``), ``calls`` (so far), on a zoom ``box`` (original
 pixels) and ``zoom_hit`` (when the metadata has ``target_box``: the crop contains it whole), on the answer
-``correct``, and ``reason`` on the last step.
+``correct``, and ``reason`` on the last step. ``target_hit`` is the step's correctness under the key the
+``browser_app`` env uses too, so per-step metrics read one key for both: on a zoom ``zoom_hit`` (False without
+``target_box``), on the answer ``correct``, False on an invalid action or one past the call budget.
+
+The oracle (:meth:`ZoomEnv.oracle`, teacher-forced episodes and the multi-turn SFT warm start): while no zoom so far
+has held the whole ``target_box`` (and calls are left), a tool call zooming on it grown by :data:`ORACLE_MARGIN`
+original pixels (clamped to the image), mapped to the model's frame and rounded outward at the precision the env
+writes boxes in (whole numbers; 3 decimals in ``relative_1``), so the env's own parsing gives ``zoom_hit``; then
+``<answer>ANSWER</answer>`` with the sample's answer. A sample without ``target_box`` has no oracle zoom (an error
+naming the sample).
 """
 
 from __future__ import annotations
@@ -66,6 +75,7 @@ _OPENERS = re.compile(r"<tool_call>|\bzoom\s*\(|<answer>", re.IGNORECASE)
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _FOUR = re.compile(rf"^({_NUMBER}),({_NUMBER}),({_NUMBER}),({_NUMBER})$")
 _KEYWORD = re.compile(r"^\s*(?:bbox_2d|bbox|box)\s*=\s*")
+ORACLE_MARGIN = 4  # original pixels around the target box in the oracle's zoom
 
 
 class Invalid(ValueError):
@@ -165,6 +175,7 @@ class ZoomEnv(Env):
         self.max_crop_pixels, self.min_crop_side, self.state_grid = max_crop_pixels, min_crop_side, state_grid
         self.calls = 0
         self.state_key = ""
+        self.hit = self.finished = False  # a zoom so far held the target box; the episode is over
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
@@ -200,6 +211,7 @@ class ZoomEnv(Env):
         self.model_size = tuple(model[0]) if model else size
         self.target = meta.get("target_box")
         self.calls = 0
+        self.hit = self.finished = False
         self.state_key = self._key("full")
         return Observation(text="", images=[], state_key=self.state_key)
 
@@ -216,7 +228,7 @@ class ZoomEnv(Env):
                 return self._over("invalid")
             self.calls += 1
             text = f"invalid action: {bad}; {EXPECTED}. {self._left()}"
-            info = {"action": "invalid", "invalid": True, "calls": self.calls}
+            info = {"action": "invalid", "invalid": True, "calls": self.calls, "target_hit": False}
             return StepResult(Observation(text=text, images=[], state_key=self.state_key), 0.0, False, info)
         self.calls += 1
         return self._zoom(box)
@@ -224,14 +236,40 @@ class ZoomEnv(Env):
     def close(self) -> None:
         self.image = None
 
+    def oracle(self) -> str | None:
+        """A zoom on the target box until one has held it (while calls are left), then the answer (module
+        docstring); None once the episode is over."""
+        if self.finished:
+            return None
+        if self.hit or self.calls >= self.max_calls:
+            return f"<answer>{self.sample.answer}</answer>"
+        if self.target is None:
+            raise ValueError(
+                f"sample {self.sample.id!r}: the zoom env's oracle needs metadata target_box (the box to zoom on, "
+                "[x1, y1, x2, y2] in original pixels); build the data with it"
+            )
+        w, h = self.image.size
+        x1, y1, x2, y2 = self.target
+        m = ORACLE_MARGIN
+        a = original_to_frame(max(0, x1 - m), max(0, y1 - m), self.frame, (w, h), self.model_size)
+        b = original_to_frame(min(w, x2 + m), min(h, y2 + m), self.frame, (w, h), self.model_size)
+        scale = 1000 if self.frame == "relative_1" else 1  # the precision _shown writes: 3 decimals or whole
+        lo = [math.floor(v * scale) / scale if scale > 1 else math.floor(v) for v in a]
+        hi = [math.ceil(v * scale) / scale if scale > 1 else math.ceil(v) for v in b]
+        call = {"name": "zoom", "arguments": {"bbox": [*lo, *hi]}}
+        return f"<tool_call>{json.dumps(call)}</tool_call>"
+
     def _answer(self, answer: str) -> StepResult:
         correct = normalize_text(answer) == normalize_text(str(self.sample.answer))
         reward = max(0.0, float(correct) - self.call_penalty * self.calls)
-        info = {"action": "answer", "correct": correct, "calls": self.calls, "reason": "answer"}
-        return StepResult(None, reward, True, info)
+        info = {"action": "answer", "correct": correct, "target_hit": correct, "calls": self.calls}
+        self.finished = True
+        return StepResult(None, reward, True, info | {"reason": "answer"})
 
     def _over(self, kind: str) -> StepResult:
-        return StepResult(None, 0.0, True, {"action": kind, "calls": self.calls, "reason": "max_calls"})
+        self.finished = True
+        info = {"action": kind, "calls": self.calls, "target_hit": False, "reason": "max_calls"}
+        return StepResult(None, 0.0, True, info)
 
     def _left(self) -> str:
         left = self.max_calls - self.calls
@@ -263,10 +301,12 @@ class ZoomEnv(Env):
         g = self.state_grid
         self.state_key = self._key(",".join(str(round(v / g)) for v in box))
         text = f"Zoomed view of {self._shown(box)} ({self._left()}):"
-        info: dict[str, Any] = {"action": "zoom", "calls": self.calls, "box": list(box)}
+        info: dict[str, Any] = {"action": "zoom", "calls": self.calls, "box": list(box), "target_hit": False}
         if self.target is not None:
             tx1, ty1, tx2, ty2 = self.target
             info["zoom_hit"] = box[0] <= tx1 and box[1] <= ty1 and box[2] >= tx2 and box[3] >= ty2
+            info["target_hit"] = info["zoom_hit"]
+            self.hit = self.hit or info["zoom_hit"]
         return StepResult(
             Observation(text=text, images=[str(path)], state_key=self.state_key), 0.0, False, info
         )

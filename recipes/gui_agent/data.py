@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmrl.envs.browser import BrowserAppEnv
+from mmrl.envs.browser import BrowserAppEnv, action_response
 from mmrl.families import ModelView
 from mmrl.recipes.gui_agent.apps import KINDS
 from mmrl.types import Sample
@@ -48,13 +48,11 @@ SPLIT_OFFSET = {"train": 0, "eval": 5_000_000, "sft": 8_000_000}
 
 
 def response(action: dict[str, Any], viewport: tuple[int, int], view: ModelView | None) -> str:
-    """The full-marks response for an oracle ``action`` (page pixels), its coordinate in ``view``'s frame."""
-    out = dict(action)
-    if "coordinate" in out and view is not None:
-        x, y = view.to_frame(*out["coordinate"], *viewport)
-        digits = 3 if view.frame == "relative_1" else 0
-        out["coordinate"] = [round(x, digits), round(y, digits)] if digits else [round(x), round(y)]
-    return f"<think></think><answer>[{out!r}]</answer>"
+    """The full-marks response for an oracle ``action`` (page pixels), its coordinate in ``view``'s frame (page
+    pixels when None), as the env's oracle writes it (:func:`mmrl.envs.browser.action_response`)."""
+    if view is None:
+        return action_response(action, "original_pixels", viewport, viewport)
+    return action_response(action, view.frame, viewport, view.model_size(*viewport))
 
 
 def _metadata(env: BrowserAppEnv, kind: str, seed: int, viewport: tuple[int, int]) -> dict[str, Any]:
