@@ -139,7 +139,7 @@ class Trainer:
             render_root=self.out / "renders",
             episode_root=self.out / "episodes",
         )
-        self.validator = Validator(cfg, eval_data, self.collector)
+        self.validator = Validator(cfg, eval_data, self.collector, out_dir=self.out)
         self._reward_counts: dict[str, int] = {}
         if dist.is_main:
             (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
@@ -218,6 +218,7 @@ class Trainer:
         finally:  # also on an exception or SIGTERM (the CLI turns it into SystemExit): no orphaned reward workers
             self.logger.close()
             self.collector.close()
+            self.validator.close()
             if self.reward is not None:
                 self.reward.close()
         return metrics

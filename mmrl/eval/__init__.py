@@ -8,7 +8,8 @@
   :mod:`mmrl.eval.compare` the paired bootstrap behind ``mmrl compare``.
 
 Each benchmark family lives in its own module (``mathvista``, ``mathv``, ``screenspot``, ``table``, ``pathvqa``,
-``videoqa``) whose docstring gives its layout on disk and its scoring.
+``videoqa``, ``zoom``, ``gui_agent``) whose docstring gives its layout on disk and its scoring; ``zoom`` and
+``gui_agent`` are env benchmarks, whose items are answered by episodes in a multi-turn env (:mod:`.episodic`).
 """
 
 from __future__ import annotations

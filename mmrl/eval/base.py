@@ -5,6 +5,9 @@ model sees, plus the fields its scorer and its breakdowns need), scores raw resp
 reads its own prediction-file format for ``--predictions``. Scoring is split into ``extract`` (response -> answer)
 and ``judge`` (answer -> :class:`Score`) so that a prediction file that already holds the benchmark's extraction
 (MathVista's ``extraction``, MATH-Vision's ``model_answer``) is judged directly, as the reference scorers do.
+
+Env benchmarks (:class:`mmrl.eval.episodic.EnvBenchmark`: ``zoom``, ``gui_agent``) are the other kind: an item is
+answered by episodes in a multi-turn env, which judges them; they add whole-set metrics through :meth:`summary`.
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ class Benchmark(ABC):
     extraction_key: ClassVar[str | None] = (
         None  # the prediction-file key holding an extraction to judge directly
     )
+    # options that change no prediction (a pool's worker count): left out of run.json, so a resume may change them
+    runtime_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, options: dict[str, Any] | None = None, model: ModelConfig | None = None):
         try:
@@ -100,12 +105,17 @@ class Benchmark(ABC):
             for item, r, g in zip(items, responses, given)
         ]
 
+    def summary(self, rows: list[dict[str, Any]]) -> dict[str, float]:
+        """Metrics over the whole set of ``predictions.jsonl`` rows beyond the item means (``metrics["summary"]``,
+        shown with ``accuracy``): an env benchmark's step accuracy and episode ends. None by default."""
+        return {}
+
     def options_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self.opts)
 
 
 BENCHMARKS: Registry[type[Benchmark]] = Registry("benchmark")
-FAMILIES = ("mathvista", "mathv", "screenspot", "table", "pathvqa", "videoqa")
+FAMILIES = ("mathvista", "mathv", "screenspot", "table", "pathvqa", "videoqa", "zoom", "gui_agent")
 
 
 def register(cls: type[Benchmark]) -> type[Benchmark]:

@@ -42,7 +42,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         m = run_eval(req)
     except (EvalError, ConfigError, MediaError) as e:
         return _fail(e)
-    extra = "".join(f"  {k} {v:.4f}" for k, v in m.get("pass@k", {}).items())
+    extra = "".join(f"  {k} {v:.4f}" for k, v in (m.get("pass@k", {}) | m.get("summary", {})).items())
     print(f"{m['benchmark']}: accuracy {m['accuracy']:.4f} on {m['items']} items{extra}")
     print(f"wrote {Path(args.output_dir) / 'metrics.md'}")
     return 0
@@ -91,7 +91,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "overrides",
         nargs="*",
         help="settings: temperature=, top_p=, top_k=, max_new_tokens=, seed=, system_prompt=, model fields "
-        "(dtype=, device=, max_pixels=, ...) and the benchmark's options (e.g. coords=normalized_1000)",
+        "(dtype=, device=, max_pixels=, ...) and the benchmark's options (e.g. coords=normalized_1000; an env "
+        "benchmark's max_turns=, env_options=, env_workers=, ...)",
     )
     e.set_defaults(fn=_cmd_eval)
     c = sub.add_parser(

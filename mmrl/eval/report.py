@@ -1,8 +1,8 @@
 """The evaluation's human-facing outputs: ``metrics.json``, ``metrics.md`` and PNG plots.
 
-Plots: ``summary.png`` (accuracy, pass@k and each part's mean, always written), ``accuracy_by_<field>.png`` for
-each breakdown with at least two values (at most the 30 largest groups), and ``scores.png`` (the histogram of
-per-item scores) for continuous metrics such as TEDS.
+Plots: ``summary.png`` (accuracy, pass@k, each part's mean and the benchmark's summary, always written),
+``accuracy_by_<field>.png`` for each breakdown with at least two values (at most the 30 largest groups), and
+``scores.png`` (the histogram of per-item scores) for continuous metrics such as TEDS.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ def write_outputs(
 
 
 def headline(metrics: dict[str, Any]) -> dict[str, float]:
-    """The numbers of the overall table: accuracy, mean@K/pass@k, and each part's mean."""
+    """The numbers of the overall table: accuracy, mean@K/pass@k, each part's mean and the benchmark's summary."""
     out = {"accuracy": metrics["accuracy"]}
     out |= metrics.get("pass@k", {})
     out |= metrics.get("parts", {})
+    out |= metrics.get("summary", {})
     return out
 
 

@@ -3,13 +3,16 @@
 Flow: load the benchmark's items (``--limit`` keeps the first N) -> skip the items already in
 ``DIR/predictions.jsonl`` -> for each batch of the rest: encode, generate K responses per item (greedy by default),
 score, append the rows and flush -> metrics over the selected items -> ``metrics.json``, ``metrics.md``, plots.
+For an env benchmark (:mod:`mmrl.eval.episodic`) "generate and score" is K episodes per item in an env pool whose
+files go to ``DIR/episodes/``, judged by the env; the rest of the flow is the same.
 
 Resume: a killed run leaves whole lines plus at most one cut-off line; the cut-off line is dropped and those items
 are generated again, every complete line is kept and its item is not regenerated. ``DIR/run.json`` records what
 the predictions depend on (model, benchmark, data hash, samples, generation, model and benchmark settings); a rerun
-with different values stops with an error instead of mixing two runs in one file. Sampled runs (temperature > 0)
-seed each batch with ``seed + index of its first item``, so a resumed run draws the same samples for the batches
-it regenerates as long as the batch boundaries are the same.
+with different values stops with an error instead of mixing two runs in one file (options that change no
+prediction, :attr:`Benchmark.runtime_options`, are left out). Sampled runs (temperature > 0) seed each batch with
+``seed + index of its first item``, so a resumed run draws the same samples for the batches it regenerates as long
+as the batch boundaries are the same.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import difflib
 import json
 import time
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +32,7 @@ import yaml
 
 from mmrl.config import ConfigError, ModelConfig, from_dict, opt, to_dict
 from mmrl.eval.base import Benchmark, EvalError, EvalItem, get_benchmark
+from mmrl.eval.episodic import EnvBenchmark, episode_pool
 from mmrl.eval.loading import sha256_files
 from mmrl.eval.report import write_outputs
 from mmrl.eval.scoring import aggregate, read_predictions, score_rows
@@ -128,7 +132,7 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
         "samples": req.samples,
         "generation": dataclasses.asdict(gen),
         "model_settings": {k: v for k, v in to_dict(model).items() if k in OUTPUT_MODEL_KEYS},
-        "options": bench.options_dict(),
+        "options": {k: v for k, v in bench.options_dict().items() if k not in bench.runtime_options},
     }
     _claim(out, identity)
     t0 = time.perf_counter()
@@ -155,6 +159,7 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
         "settings": {
             **identity,
             "model_settings": {k: v for k, v in to_dict(model).items() if k != "path"},
+            "options": bench.options_dict(),
             "limit": req.limit,
             "engine": req.engine,
             "batch_size": req.batch_size,
@@ -187,6 +192,8 @@ def resolve(req: EvalRequest) -> tuple[Benchmark, Generation, ModelConfig]:
     if gen.temperature is None:
         gen = dataclasses.replace(gen, temperature=1.0 if req.samples > 1 else 0.0)
     bench = get_benchmark(req.benchmark, options, model)
+    if req.predictions and isinstance(bench, EnvBenchmark):
+        raise EvalError(bench.unscorable())
     bench.check_media = req.predictions is None
     return bench, gen, model
 
@@ -288,24 +295,47 @@ def generate(
     )
     position = {it.id: i for i, it in enumerate(items)}
     new: list[dict[str, Any]] = []
-    with _progress(len(items), len(items) - len(pending), bench.name, req.progress) as advance:
+    with (
+        _responder(bench, policy, engine, params, path.parent) as respond,
+        _progress(len(items), len(items) - len(pending), bench.name, req.progress) as advance,
+    ):
         for start in range(0, len(pending), req.batch_size):
-            chunk = pending[start : start + req.batch_size]
+            chunk = [_with_system(it, gen.system_prompt) for it in pending[start : start + req.batch_size]]
             torch.manual_seed(gen.seed + position[chunk[0].id])
             try:
-                prompts = [policy.encode(_with_system(it, gen.system_prompt).sample) for it in chunk]
+                prompts = [policy.encode(it.sample) for it in chunk]
             except MediaError as e:
                 raise EvalError(str(e)) from None
-            groups = engine.generate(prompts, params)
-            texts = [[c.text for c in g] if req.samples > 1 else g[0].text for g in groups]
-            rows = score_rows(bench, chunk, texts)
-            for row, g in zip(rows, groups):
-                reasons = [c.finish_reason for c in g]
-                row["finish_reason"] = reasons if req.samples > 1 else reasons[0]
+            rows = respond(chunk, prompts)
             _write_rows(path, rows, mode="a")
             new += rows
             advance(len(chunk))
     return new
+
+
+Respond = Callable[[list[EvalItem], list[Any]], list[dict[str, Any]]]
+
+
+@contextmanager
+def _responder(bench: Benchmark, policy: Any, engine: Any, params: Any, out: Path) -> Iterator[Respond]:
+    """``respond(items, prompts)``: the scored rows of a batch. A text benchmark makes one engine call and scores
+    the responses; an env benchmark runs ``params.n`` episodes per item in an env pool under ``out/episodes``,
+    closed on the way out."""
+    if isinstance(bench, EnvBenchmark):
+        with episode_pool(out / "episodes", bench.opts) as pool:
+            yield lambda items, prompts: bench.respond(policy, engine, items, prompts, params, pool, out)
+        return
+
+    def respond(items: list[EvalItem], prompts: list[Any]) -> list[dict[str, Any]]:
+        groups = engine.generate(prompts, params)
+        many = params.n > 1
+        rows = score_rows(bench, items, [[c.text for c in g] if many else g[0].text for g in groups])
+        for row, g in zip(rows, groups):
+            reasons = [c.finish_reason for c in g]
+            row["finish_reason"] = reasons if many else reasons[0]
+        return rows
+
+    yield respond
 
 
 def _with_system(item: EvalItem, system: str | None) -> EvalItem:

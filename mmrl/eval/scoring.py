@@ -11,8 +11,9 @@ then the item's scoring fields. With K > 1 samples the per-response keys hold li
 Metrics: ``accuracy`` is the mean over items of each item's mean over its samples (mean@K); ``pass@k`` for k = 1, 2,
 4, ... and K is the unbiased estimate of the expected best score among k of the K samples (Chen et al., 2021: with
 c of n correct, ``1 - C(n - c, k) / C(n, k)``; for scores in [0, 1] the expected maximum of a random k-subset,
-which reduces to it for 0/1 scores); each part's mean is over the items that have it; breakdowns give the accuracy
-and count per value of each breakdown field (an item with a list value counts under each entry).
+which reduces to it for 0/1 scores); each part's mean is over the items that have it; ``summary`` holds the
+benchmark's whole-set metrics (:meth:`Benchmark.summary`: an env benchmark's step accuracy, turns, ends); breakdowns
+give the accuracy and count per value of each breakdown field (an item with a list value counts under each entry).
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ def aggregate(bench: Benchmark, rows: list[dict[str, Any]]) -> dict[str, Any]:
     parts = _part_means(rows)
     if parts:
         out["parts"] = parts
+    summary = bench.summary(rows)
+    if summary:
+        out["summary"] = summary
     out["breakdowns"] = breakdowns(rows, bench.breakdowns, scores)
     return out
 
