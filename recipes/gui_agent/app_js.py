@@ -12,6 +12,10 @@ nodes or ``input.value``, never as HTML, so typed markup stays text.
 Back: every page but the root has the root as its parent (``window.__app.back()`` and the header's back button go
 there), so what back does depends on the page alone. A wheel event scrolls by a fixed ``scroll_step`` in its
 direction, at once (no smooth scrolling), so a scroll lands on the same offset every time.
+
+Values from ``cfg`` that style an element (the panel's tile colours, grid slots, bar colour) are set as single
+style properties in the script, never spliced into CSS text. The panel's header shows a trail of the colours
+pressed so far, so one screenshot tells how far the sequence has got (the SFT demos are single screens).
 """
 
 RUNTIME_JS = r"""
@@ -183,6 +187,30 @@ V.mail = () => {
           el("div", {cls: "acts"}, ...C.actions.map(a => act[a]))];
 };
 
+V.panel = () => {
+  const P = S.data, lay = C.layouts[Math.min(P.pressed.length, C.layouts.length - 1)];
+  const rgb = id => C.tiles.find(t => t.id === id).rgb;
+  const tiles = C.tiles.map((t, i) => {
+    const e = el("div", {ui: "tile-" + t.id, cls: "ptile", click: () => { if (!P.done) P.pressed.push(t.id); }},
+      C.labels ? el("span", {cls: "chip"}, t.name) : null);
+    e.style.background = t.rgb;
+    e.style.gridColumn = String(lay[i] % C.cols + 1);
+    e.style.gridRow = String(Math.floor(lay[i] / C.cols) + 1);
+    return e;
+  });
+  const grid = el("div", {cls: "pgrid"}, ...tiles);
+  grid.style.gridTemplateColumns = "repeat(" + C.cols + ", 1fr)";
+  const trail = el("div", {cls: "trail"}, ...P.pressed.slice(-6).map(id => {
+    const s = el("span"); s.style.background = rgb(id); return s; }));
+  const done = el("div", {ui: "done", cls: "btn pdone", click: () => { P.done = true; }}, C.done_label);
+  const inBar = C.done_place === "bar";
+  const top = bar(C.title, el("div", {cls: "pright"}, trail, inBar ? done : null));
+  top.style.background = C.bar_bg;
+  const foot = inBar ? null : el("div", {cls: "pfoot"}, done);
+  if (foot) foot.style.justifyContent = C.done_place;
+  return [el("div", {cls: "panel"}, top, grid, foot)];
+};
+
 function render() {
   root.replaceChildren(...V[C.kind]());
   document.body.classList.toggle("dark", !!(S.data.display && S.data.display.dark_mode));
@@ -250,4 +278,15 @@ input:focus{{outline:3px solid {accent};outline-offset:0;border-color:{accent}}}
 .acts{{display:flex;gap:12px;padding:10px 12px}}
 .acts .btn{{flex:1;height:50px}}
 p{{margin-top:8px;line-height:1.4}}
+.panel{{display:flex;flex-direction:column;height:100vh}}
+.pgrid{{flex:1;min-height:0;display:grid;grid-template-rows:1fr 1fr;gap:10px;padding:10px 12px}}
+.ptile{{position:relative;border-radius:{radius}px;border:3px solid rgba(0,0,0,.22)}}
+.chip{{position:absolute;left:6px;top:6px;padding:1px 6px;border-radius:4px;background:rgba(255,255,255,.85);
+  color:#222;font-size:13px;font-weight:bold}}
+.pright{{display:flex;align-items:center;gap:10px}}
+.trail{{display:flex;gap:4px}}
+.trail span{{width:24px;height:24px;border-radius:4px;border:2px solid #fff}}
+.pfoot{{display:flex;padding:0 12px 8px}}
+.btn.pdone{{min-width:150px;height:48px;background:#8d949b;color:#fff;font-size:{title_px}px}}
+.bar .btn.pdone{{min-width:100px;height:{btn_px}px;background:#8d949b;border-color:rgba(255,255,255,.75)}}
 """

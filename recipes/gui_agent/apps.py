@@ -12,7 +12,11 @@ runs them in Chromium).
 - ``shop``: products with price and -/qty/+, a Cart (n) button, the cart page with -/+, total and Checkout, an
   order-placed page;
 - ``mail``: an inbox (star mark, sender, subject), a message page (Star/Unstar, Archive), a compose page with To and
-  Subject.
+  Subject;
+- ``panel`` (:data:`TINY_KINDS`, for the tiny recipe; not in :data:`KINDS`): one page, a header bar and a grid of
+  4-6 large coloured tiles plus a grey Done button. The task is a sequence ("Press green, then blue, then Done.") and
+  the cue is the COLOUR, not text: a model too small to read glyphs can still learn it. Each press re-arranges the
+  tiles (:func:`_panel` below), so every step needs a fresh look at the screen.
 
 The page is one self-contained HTML string (CSS, the app's JSON state and its script, :mod:`.app_js`; nothing
 external). Layout varies with the seed: palette, font size, button and row heights, corner radius, header order
@@ -39,7 +43,8 @@ from typing import Any
 
 from mmrl.recipes.gui_agent.app_js import CSS, RUNTIME_JS
 
-KINDS = ("settings", "form", "list", "shop", "mail")
+KINDS = ("settings", "form", "list", "shop", "mail")  # the GPU recipe's apps
+TINY_KINDS = ("panel",)  # the tiny recipe's: colour and layout, no reading
 NUMBERS = ("zero", "one", "two", "three", "four", "five")
 SCROLL_STEP = 150  # px per wheel event (mmrl.envs.browser sends one per scroll action)
 
@@ -87,9 +92,10 @@ class App:
 
 
 def make_app(kind: str, seed: int) -> App:
-    """The app of ``kind`` (one of :data:`KINDS`) and its task for ``seed``; the same pair gives the same app."""
+    """The app of ``kind`` (a key of :data:`BUILDERS`) and its task for ``seed``; the same pair gives the same
+    app."""
     if kind not in BUILDERS:
-        raise ValueError(f"unknown app kind {kind!r}; one of {', '.join(KINDS)}")
+        raise ValueError(f"unknown app kind {kind!r}; one of {', '.join(BUILDERS)}")
     rng = random.Random(f"{kind}:{seed}")
     style = _style(rng)
     cfg, state, (task, instruction, goal, oracle) = BUILDERS[kind](rng)
@@ -573,10 +579,66 @@ def _mail(rng: random.Random):
     return cfg, state, (kind, text, goal, oracle)
 
 
+# ------------------------------------------------------------------------------------------------------- panel
+
+# Fixed per name across seeds, so a colour word always means the same RGB; saturated and far apart in hue (and
+# none grey, the Done button's colour) so they stay distinct at a few pixels per tile.
+COLOURS = {
+    "red": "#e32626",
+    "green": "#1fa33a",
+    "blue": "#1f5fe0",
+    "yellow": "#f5d10f",
+    "purple": "#8a2cc8",
+    "orange": "#f57a0a",
+}
+PANEL_BARS = ("#263238", "#212121", "#37474f", "#3b3b48", "#2f3d35")  # dark neutrals: never a tile's colour
+DONE_PLACES = ("bar", "flex-start", "center", "flex-end")  # in the header bar, or the bottom row's alignment
+
+
+def _panel(rng: random.Random):
+    """Tiles in a grid of ``cols`` x 2 slots; ``layouts[k]`` gives each tile's slot after ``k`` presses (the page
+    shows ``layouts[min(k, n)]``). Every tile changes slot from one layout to the next, so a press always moves
+    the colour just seen. After Done the panel is locked: presses change nothing."""
+    cols = rng.choice((2, 3))
+    n = 4 if cols == 2 else rng.randint(4, 6)
+    ids = rng.sample(sorted(COLOURS), n)
+    layouts = [rng.sample(range(2 * cols), n)]
+    while len(layouts) <= n:
+        nxt = rng.sample(range(2 * cols), n)
+        if all(a != b for a, b in zip(nxt, layouts[-1])):
+            layouts.append(nxt)
+    cfg = {
+        "root": "panel",
+        "title": rng.choice(("Control panel", "Panel", "Console", "Switchboard")),
+        "tiles": [{"id": c, "name": _upper(c), "rgb": COLOURS[c]} for c in ids],
+        "cols": cols,
+        "layouts": layouts,
+        "labels": rng.random() < 0.5,  # a small colour name in the tile's corner
+        "bar_bg": rng.choice(PANEL_BARS),
+        "done_place": rng.choice(DONE_PLACES),
+        "done_label": "Done",
+    }
+    state = {"page": "panel", "data": {"pressed": [], "done": False}, "ui": {}}
+    seq = rng.sample(ids, rng.randint(1, 3))
+    verb = rng.choice(("Press", "Tap", "Click"))
+    text = f"{verb} " + ", then ".join([*seq, "Done"]) + "."
+    goal = {"pressed": seq, "done": True}
+
+    def oracle(state: dict[str, Any]) -> Step | None:
+        data = state["data"]
+        pressed = data["pressed"]
+        if data["done"] or pressed != seq[: len(pressed)]:
+            return None  # finished, or Done too early or a wrong tile: neither can be taken back
+        return Step("click", f"tile-{seq[len(pressed)]}" if len(pressed) < len(seq) else "done")
+
+    return cfg, state, (f"seq{len(seq)}", text, goal, oracle)
+
+
 BUILDERS: dict[str, Callable[[random.Random], tuple[dict[str, Any], dict[str, Any], tuple]]] = {
     "settings": _settings,
     "form": _form,
     "list": _list,
     "shop": _shop,
     "mail": _mail,
+    "panel": _panel,
 }

@@ -13,6 +13,9 @@ Splits (each its own app seeds, so they are disjoint draws; app kinds cycle thro
   ``metadata.reference`` the action in page pixels and ``metadata.step`` its index. Each step is a single-turn record
   (the screen alone, without the earlier turns).
 
+:func:`build_tiny` mixes the GPU recipe's app kinds (:data:`.apps.KINDS`); :func:`build_tiny_panel` writes only the
+tiny recipe's ``panel`` apps (:data:`.apps.TINY_KINDS`). ``kinds`` may name any kind :data:`.apps.BUILDERS` knows.
+
 Everything follows from ``seed``: the apps from their seeds, the screenshots from Chromium drawing the same page to
 the same pixels (on one machine), so a build is reproducible byte for byte there.
 """
@@ -29,7 +32,7 @@ from typing import Any
 
 from mmrl.envs.browser import BrowserAppEnv, action_response
 from mmrl.families import ModelView
-from mmrl.recipes.gui_agent.apps import KINDS
+from mmrl.recipes.gui_agent.apps import BUILDERS, KINDS, TINY_KINDS
 from mmrl.types import Sample
 
 logger = logging.getLogger("mmrl.recipes.gui_agent")
@@ -134,9 +137,9 @@ def build(
     none when 0) and ``images/`` under ``folder``. ``viewport`` ``(w, h)``: the app's screen in CSS pixels (device
     scale 1: screenshot pixels); ``view``: the model whose frame the SFT answers are written in (module docstring).
     Logs the rate in screens/s."""
-    unknown = [k for k in kinds if k not in KINDS]
+    unknown = [k for k in kinds if k not in BUILDERS]
     if unknown or not kinds:
-        raise ValueError(f"gui_agent data: unknown app kind(s) {unknown}; kinds: {KINDS}")
+        raise ValueError(f"gui_agent data: unknown app kind(s) {unknown}; kinds: {tuple(BUILDERS)}")
     viewport = (int(viewport[0]), int(viewport[1]))
     root = Path(folder)
     (root / "images").mkdir(parents=True, exist_ok=True)
@@ -165,3 +168,11 @@ def build(
 def build_tiny(folder: str | Path, *, n_train: int = 200, n_eval: int = 50, n_sft: int = 100, seed: int = 0):
     """A small build (all kinds, the default 480 x 360 viewport, SFT answers in page pixels) for smoke runs."""
     return build(folder, n_train=n_train, n_eval=n_eval, n_sft=n_sft, seed=seed)
+
+
+def build_tiny_panel(
+    folder: str | Path, *, n_train: int = 400, n_eval: int = 100, n_sft: int = 0, seed: int = 0
+) -> dict[str, Path]:
+    """The tiny recipe's build: only ``panel`` apps (:data:`.apps.TINY_KINDS`, tasks cued by colour and layout,
+    which a model too small to read text can learn), the default viewport, SFT answers in page pixels."""
+    return build(folder, n_train=n_train, n_eval=n_eval, n_sft=n_sft, seed=seed, kinds=TINY_KINDS)
