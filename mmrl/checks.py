@@ -188,6 +188,18 @@ def check_env(cfg: Config) -> None:
         raise ConfigError(f"rollout.env {r.env!r}: {e.args[0] if e.args else e}") from None
     if r.image_rule not in ("downscale", "end"):
         raise ConfigError(f"rollout.image_rule must be 'downscale' or 'end', got {r.image_rule!r}")
+    from mmrl.envs import get_env
+
+    if (
+        get_env(r.env).points_on_latest_image
+        and r.image_rule == "downscale"
+        and r.max_context_pixels is not None
+    ):
+        raise ConfigError(
+            f"rollout.image_rule: env {r.env!r} maps the model's points on each new screen with the first screen's "
+            "model size, so a downscaled later screen would be clicked in the wrong place; use image_rule: end "
+            "(the episode ends when the next screen does not fit max_context_pixels)"
+        )
     if r.observation_role not in ("user", "tool"):
         raise ConfigError(f"rollout.observation_role must be 'user' or 'tool', got {r.observation_role!r}")
     if r.env_workers < 0 or not r.env_timeout_s > 0:

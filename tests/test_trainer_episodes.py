@@ -114,3 +114,15 @@ def test_env_preflight_names_the_field(tmp_path):
     cfg.rollout.env, cfg.rollout.env_options = None, {}
     with pytest.raises(ConfigError, match="max_turns"):
         check_config(cfg)
+
+
+def test_preflight_refuses_downscaled_screens_for_an_env_that_points_on_them(tmp_path):
+    from mmrl.checks import check_config
+
+    cfg = load_config(str(_recipe(tmp_path)))
+    cfg.rollout.env, cfg.rollout.env_options = "browser_app", {}
+    cfg.rollout.max_context_pixels = 40_000
+    with pytest.raises(ConfigError, match="image_rule: end"):
+        check_config(cfg)
+    cfg.rollout.image_rule = "end"
+    check_config(cfg)

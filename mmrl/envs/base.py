@@ -92,10 +92,16 @@ class Env(ABC):
 
     ``deterministic``: the same sample and the same actions give the same observations (and files). The pool then
     rebuilds such an episode after its worker died by replaying its actions in a fresh worker; an episode of a
-    non-deterministic env is ended instead (:mod:`mmrl.envs.pool`)."""
+    non-deterministic env is ended instead (:mod:`mmrl.envs.pool`).
+
+    ``points_on_latest_image``: the model points on the LATEST observation's image but the env maps the point with
+    the first image's model size (the env never learns the size the driver showed a later image at), so later
+    images must be seen at the first one's size: pre-flight refuses ``rollout.image_rule: downscale`` with a pixel
+    budget for such an env (``browser_app``: every screenshot is the same screen size)."""
 
     name: ClassVar[str] = ""
     deterministic: ClassVar[bool] = False
+    points_on_latest_image: ClassVar[bool] = False
 
     def __init__(self, *, workdir: Path) -> None:
         self.workdir = Path(workdir)

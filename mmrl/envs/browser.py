@@ -270,6 +270,7 @@ class BrowserAppEnv(Env):
     the live screen), ``apps`` (the generator, ``module:function``), ``timeout_ms`` (page load and screenshot)."""
 
     deterministic = True
+    points_on_latest_image = True  # clicks on the latest screenshot, mapped with the first one's model size
 
     def __init__(
         self,
