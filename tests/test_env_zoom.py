@@ -373,3 +373,41 @@ def test_tiny_codes_are_unreadable_at_the_model_budget_and_readable_in_a_crop():
         local = [box[0] - left, box[1] - top, box[2] - left, box[3] - top]
         crop += _read(img.crop((left, top, left + 48, top + 48)), local, 2, jitter, 3136) == code
     assert full <= 0.2 * n and crop >= 0.95 * n, (full, crop)
+
+
+def test_the_grid_oracle_zooms_on_the_quadrant_of_the_marks_target(tmp_path):
+    """The tiny recipe's data keeps every red box inside one quadrant, and ``oracle_grid: 2`` zooms on exactly that
+    quadrant (in the model's frame of a 336 px image seen at 56 px: [0, 0, 28, 28] and its three siblings), so the
+    crop holds the target; then it answers the dot's colour."""
+    import json
+
+    from mmrl.recipes.zoom.data import MARK_COLOURS, build_marks
+
+    paths = build_marks(tmp_path / "data", n_train=12, n_eval=0, seed=3)
+    quadrants = set()
+    for line in paths["train"].read_text().splitlines():
+        rec = json.loads(line)
+        assert rec["answer"] in MARK_COLOURS
+        x1, y1, x2, y2 = rec["metadata"]["target_box"]
+        q = (x1 >= 168, y1 >= 168)
+        assert (x2 <= 168) != q[0] and (y2 <= 168) != q[1]  # wholly inside one quadrant
+        quadrants.add(q)
+        meta = {**rec["metadata"], "image_sizes": [[336, 336]], "model_image_sizes": [[56, 56]]}
+        sample = Sample(
+            id=rec["id"], messages=[], images=[str(tmp_path / "data" / rec["images"][0])], answer=rec["answer"],
+            metadata=meta,
+        )  # fmt: skip
+        env = ZoomEnv(workdir=tmp_path / rec["id"], max_calls=1, oracle_grid=2)
+        env.reset(sample)
+        zoom = env.oracle()
+        assert parse_action(zoom) == ("zoom", (28.0 * q[0], 28.0 * q[1], 28.0 * q[0] + 28, 28.0 * q[1] + 28))
+        r = env.step(zoom)
+        assert r.info["zoom_hit"] and r.info["box"] == [
+            168 * q[0],
+            168 * q[1],
+            168 * q[0] + 168,
+            168 * q[1] + 168,
+        ]
+        assert env.oracle() == f"<answer>{rec['answer']}</answer>"
+        assert env.step(env.oracle()).reward == 1.0
+    assert len(quadrants) >= 3

@@ -46,7 +46,10 @@ has held the whole ``target_box`` (and calls are left), a tool call zooming on i
 original pixels (clamped to the image), mapped to the model's frame and rounded outward at the precision the env
 writes boxes in (whole numbers; 3 decimals in ``relative_1``), so the env's own parsing gives ``zoom_hit``; then
 ``<answer>ANSWER</answer>`` with the sample's answer. A sample without ``target_box`` has no oracle zoom (an error
-naming the sample).
+naming the sample). With ``oracle_grid: n`` the oracle zooms instead on the cell of an n x n split of its current
+view (the image, then its last crop) that holds the target's centre, until a zoom has held the whole target: the
+coarse strategy a model that sees the image at a few tokens can learn (the tiny recipe's data keeps every target
+inside one quadrant, so ``oracle_grid: 2`` takes one zoom there).
 """
 
 from __future__ import annotations
@@ -147,7 +150,9 @@ def _grow(lo: int, hi: int, size: int, side: int) -> tuple[int, int]:
 class ZoomEnv(Env):
     """See the module docstring. Options: ``max_calls`` (zoom budget before the answer), ``call_penalty``
     (subtracted per call from the answer's reward, floored at 0), ``max_crop_pixels`` (larger crops are
-    downscaled to fit), ``min_crop_side`` (px), ``state_grid`` (px grid of the crop box in the state key)."""
+    downscaled to fit), ``min_crop_side`` (px), ``state_grid`` (px grid of the crop box in the state key),
+    ``oracle_grid`` (0: the oracle zooms on the target box; n: on the cell of an n x n split of its current view that
+    holds the target's centre, as a model that sees coarsely would)."""
 
     deterministic = True
 
@@ -160,6 +165,7 @@ class ZoomEnv(Env):
         max_crop_pixels: int = 200_704,
         min_crop_side: int = 16,
         state_grid: int = 8,
+        oracle_grid: int = 0,
     ) -> None:
         super().__init__(workdir=workdir)
         self.check_options(
@@ -169,8 +175,10 @@ class ZoomEnv(Env):
                 "max_crop_pixels": max_crop_pixels,
                 "min_crop_side": min_crop_side,
                 "state_grid": state_grid,
+                "oracle_grid": oracle_grid,
             }
         )
+        self.oracle_grid = oracle_grid
         self.max_calls, self.call_penalty = max_calls, float(call_penalty)
         self.max_crop_pixels, self.min_crop_side, self.state_grid = max_crop_pixels, min_crop_side, state_grid
         self.calls = 0
@@ -179,7 +187,14 @@ class ZoomEnv(Env):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
-        lows = {"max_calls": 0, "call_penalty": 0, "max_crop_pixels": 1, "min_crop_side": 1, "state_grid": 1}
+        lows = {
+            "max_calls": 0,
+            "call_penalty": 0,
+            "max_crop_pixels": 1,
+            "min_crop_side": 1,
+            "state_grid": 1,
+            "oracle_grid": 0,
+        }
         for key, low in lows.items():
             if key in options and not options[key] >= low:
                 raise ValueError(f"env 'zoom': option {key!r} must be >= {low}, got {options[key]!r}")
@@ -212,6 +227,7 @@ class ZoomEnv(Env):
         self.target = meta.get("target_box")
         self.calls = 0
         self.hit = self.finished = False
+        self.view = (0, 0, *self.image.size)  # what the model sees last: the image, then the last crop
         self.state_key = self._key("full")
         return Observation(text="", images=[], state_key=self.state_key)
 
@@ -251,6 +267,14 @@ class ZoomEnv(Env):
         w, h = self.image.size
         x1, y1, x2, y2 = self.target
         m = ORACLE_MARGIN
+        if self.oracle_grid:  # the grid cell of the current view that holds the target's centre
+            vx1, vy1, vx2, vy2 = self.view
+            n, cx, cy = self.oracle_grid, (x1 + x2) / 2, (y1 + y2) / 2
+            i = min(n - 1, max(0, int((cx - vx1) * n // (vx2 - vx1))))
+            j = min(n - 1, max(0, int((cy - vy1) * n // (vy2 - vy1))))
+            x1, x2 = vx1 + (vx2 - vx1) * i / n, vx1 + (vx2 - vx1) * (i + 1) / n
+            y1, y2 = vy1 + (vy2 - vy1) * j / n, vy1 + (vy2 - vy1) * (j + 1) / n
+            m = 0
         a = original_to_frame(max(0, x1 - m), max(0, y1 - m), self.frame, (w, h), self.model_size)
         b = original_to_frame(min(w, x2 + m), min(h, y2 + m), self.frame, (w, h), self.model_size)
         scale = 1000 if self.frame == "relative_1" else 1  # the precision _shown writes: 3 decimals or whole
@@ -307,6 +331,7 @@ class ZoomEnv(Env):
             info["zoom_hit"] = box[0] <= tx1 and box[1] <= ty1 and box[2] >= tx2 and box[3] >= ty2
             info["target_hit"] = info["zoom_hit"]
             self.hit = self.hit or info["zoom_hit"]
+        self.view = box
         return StepResult(
             Observation(text=text, images=[str(path)], state_key=self.state_key), 0.0, False, info
         )

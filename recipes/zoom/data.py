@@ -80,6 +80,21 @@ class Style:
 
 FULL = Style((2048, 1536), ALPHABET, (4, 4), 10, (50, 100), (100, 200), PROMPT.format(max_calls=4))
 TINY = Style((336, 336), DIGITS, (2, 2), 11, (4, 8), (8, 16), TINY_PROMPT)
+# The tiny recipe's variant: the detail is a dot's colour, which the bundled tiny model's vision tower can learn
+# (it does not learn to read glyphs); see build_marks.
+MARK_COLOURS = {
+    "green": (30, 170, 40),
+    "blue": (30, 60, 220),
+    "yellow": (235, 205, 20),
+    "white": (255, 255, 255),
+}
+MARKS_ALPHABET = "marks"  # Style.alphabet of the marks variant
+MARK_BOX, MARK_DOT = (
+    42,
+    9,
+)  # px: the boxes (7 px blobs at 56x56) and their dots (1.5 px there, 3 px in a quadrant)
+MARKS_PROMPT = "<image>What colour is the dot in the red box?"
+MARKS = Style((336, 336), MARKS_ALPHABET, (1, 1), 0, (4, 8), (8, 16), MARKS_PROMPT)
 
 
 @lru_cache(maxsize=4)
@@ -150,8 +165,53 @@ def make_image(rng: random.Random, style: Style) -> tuple[Image.Image, str, list
     return img, code, list(target)
 
 
+def make_marks_image(rng: random.Random, style: Style) -> tuple[Image.Image, str, list[int]]:
+    """A :data:`MARKS` image: ``(image, colour name, target_box)``: a red box with a small dot of one of
+    :data:`MARK_COLOURS` in it, wholly inside one quadrant of the image (the zoom env's ``oracle_grid: 2`` zooms
+    there), among distractor boxes (other fills, dots of any of those colours) and clutter."""
+    shade = rng.randint(238, 250)
+    img = Image.new("RGB", style.size, (shade, shade, rng.randint(232, 250)))
+    draw = ImageDraw.Draw(img)
+    _clutter(rng, draw, style)
+    taken: list[tuple[int, int, int, int]] = []
+
+    def box_with_dot(fill: Any, quadrant: bool = False) -> tuple[tuple[int, int, int, int] | None, str]:
+        colour = rng.choice(sorted(MARK_COLOURS))
+        box = _place(rng, style.size, MARK_BOX, MARK_BOX, taken)
+        while quadrant and box is not None and not _in_one_quadrant(box, style.size):
+            box = _place(rng, style.size, MARK_BOX, MARK_BOX, taken)
+        if box is None:
+            return None, colour
+        draw.rectangle([box[0], box[1], box[2] - 1, box[3] - 1], fill=fill)
+        jx, jy = rng.randint(-2, 2), rng.randint(-2, 2)
+        cx, cy = (box[0] + box[2]) // 2 + jx, (box[1] + box[3]) // 2 + jy
+        h = MARK_DOT // 2
+        draw.rectangle(
+            [cx - h, cy - h, cx - h + MARK_DOT - 1, cy - h + MARK_DOT - 1], fill=MARK_COLOURS[colour]
+        )
+        taken.append(box)
+        return box, colour
+
+    target, colour = box_with_dot(TARGET_FILL, quadrant=True)
+    if target is None:
+        raise ValueError(
+            f"zoom data: a {MARK_BOX} px box does not fit a {style.size[0]}x{style.size[1]} image"
+        )
+    for _ in range(rng.randint(*style.distractors)):
+        box_with_dot(rng.choice(DISTRACTOR_FILLS))
+    return img, colour, list(target)
+
+
+def _in_one_quadrant(box: tuple[int, int, int, int], size: tuple[int, int]) -> bool:
+    """The box lies wholly inside one quadrant of the image (2 px from its edges)."""
+    hx, hy = size[0] // 2, size[1] // 2
+    ok_x = box[2] <= hx - 2 or box[0] >= hx + 2
+    ok_y = box[3] <= hy - 2 or box[1] >= hy + 2
+    return ok_x and ok_y
+
+
 def make_record(rng: random.Random, rid: str, style: Style, root: Path) -> dict[str, Any]:
-    img, code, box = make_image(rng, style)
+    img, code, box = (make_marks_image if style.alphabet == MARKS_ALPHABET else make_image)(rng, style)
     rel = f"images/{rid}.png"
     img.save(root / rel)
     return {
@@ -206,3 +266,17 @@ def build_tiny(
     """The tiny split for the bundled ~1M-parameter model on 2 CPU cores: 336 x 336 images with 2-digit codes
     among 4-8 distractor labels, for ``model.min_pixels = max_pixels = 3136`` (module docstring)."""
     return _write(Path(folder), TINY, "zoom-tiny", n_train, n_eval, seed)
+
+
+def build_marks(
+    folder: str | Path, *, n_train: int = 1000, n_eval: int = 200, seed: int = 0
+) -> dict[str, Path]:
+    """The zoom recipe's tiny split: 336 x 336 images, the question "What colour is the dot in the red box?" (green,
+    blue, yellow or white), for ``model.min_pixels = max_pixels = 3136`` (seen at 56 x 56; module docstring)."""
+    return _write(Path(folder), MARKS, "zoom-marks", n_train, n_eval, seed)
+
+
+def build_marks_demo(folder: str | Path, *, n: int = 1000, seed: int = 1) -> dict[str, Path]:
+    """Demonstration records for the tiny recipe's warm start (``mmrl sft recipes/zoom/sft.yaml`` plays the env's
+    oracle on them): :func:`build_marks` records from another seed, so they are not the RL or held-out images."""
+    return _write(Path(folder), MARKS, "zoom-marks-demo", n, 0, seed)
