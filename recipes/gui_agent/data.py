@@ -176,3 +176,9 @@ def build_tiny_panel(
     """The tiny recipe's build: only ``panel`` apps (:data:`.apps.TINY_KINDS`, tasks cued by colour and layout,
     which a model too small to read text can learn), the default viewport, SFT answers in page pixels."""
     return build(folder, n_train=n_train, n_eval=n_eval, n_sft=n_sft, seed=seed, kinds=TINY_KINDS)
+
+
+def build_tiny_panel_demo(folder: str | Path, *, n: int = 400, seed: int = 1) -> dict[str, Path]:
+    """Demonstration tasks for the tiny recipe's warm start (``mmrl sft recipes/gui_agent/sft.yaml`` plays the env's
+    oracle on them): panel apps from another seed, so none is an RL or held-out app."""
+    return build(folder, n_train=n, n_eval=0, n_sft=0, seed=seed, kinds=TINY_KINDS)
