@@ -231,3 +231,26 @@ def test_build_tiny_panel_writes_panel_records_and_single_screen_demos(tmp_path)
         assert (tmp_path / "d" / rec["images"][0]).exists()
     with pytest.raises(ValueError, match="unknown app kind"):
         build(tmp_path / "e", n_train=1, n_eval=0, n_sft=0, kinds=("panel", "spreadsheet"))
+
+
+@pytest.mark.chromium
+def test_step_reward_pays_each_oracle_step(tmp_path):
+    """``step_reward``: an action that is the oracle's next one earns it on top of the outcome reward; others do not."""
+
+    env = BrowserAppEnv(workdir=tmp_path / "e", max_steps=6, step_reward=0.25)
+    try:
+        env.reset(Sample(id="p", messages=[], metadata={"app": "panel", "seed": 2, "viewport": [480, 360]}))
+        wrong = env.step(
+            "<answer>[{'action': 'click', 'coordinate': [470, 355]}]</answer>"
+        )  # a corner: no tile
+        assert wrong.reward == 0.0 and wrong.info["target_hit"] is False
+        rewards = []
+        while True:
+            r = env.step(env.oracle())
+            rewards.append(r.reward)
+            if r.done:
+                break
+        assert rewards[:-1] == [0.25] * (len(rewards) - 1) and rewards[-1] == 1.25
+    finally:
+        env.close()
+        close_shared_browser()

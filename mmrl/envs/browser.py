@@ -47,6 +47,8 @@ what was wrong and shows no new image; the state is unchanged. ``open_app`` is u
 Steps. After each action the env waits for the app's re-render (two animation frames), reads the state, and
 screenshots the viewport (``step-NN.png`` in the episode's folder). The episode ends with reward 1 as soon as the
 task's success predicate holds over the state, or with reward 0 at ``max_steps`` actions (invalid ones count).
+With ``step_reward`` > 0 every step whose action was the oracle's next one (``target_hit``) earns that much on top
+(a process reward the world's oracle can give: dense per-step credit for a model whose episodes rarely succeed).
 
 ``state_key`` (GiGPO's anchor state): a hash of the app (kind, seed), ``window.__state`` (page, data, selections,
 draft text), the scroll offset and the focused text field: equal keys for equal states however they were reached,
@@ -267,7 +269,9 @@ def close_shared_browser() -> None:
 class BrowserAppEnv(Env):
     """See the module docstring. Options: ``max_steps`` (actions per episode, invalid ones included),
     ``max_text_chars`` (typed text is cut here), ``check_first_image`` (reset checks the sample's image against
-    the live screen), ``apps`` (the generator, ``module:function``), ``timeout_ms`` (page load and screenshot)."""
+    the live screen), ``apps`` (the generator, ``module:function``), ``timeout_ms`` (page load and screenshot),
+    ``step_reward`` (added to a step's reward when the action was the oracle's next one: a process reward from the
+    world's own oracle, 0 by default)."""
 
     deterministic = True
     points_on_latest_image = True  # clicks on the latest screenshot, mapped with the first one's model size
@@ -281,17 +285,20 @@ class BrowserAppEnv(Env):
         check_first_image: bool = True,
         apps: str = DEFAULT_APPS,
         timeout_ms: int = 10_000,
+        step_reward: float = 0.0,
     ) -> None:
         super().__init__(workdir=workdir)
         options = {
             "max_steps": max_steps,
             "max_text_chars": max_text_chars,
             "timeout_ms": timeout_ms,
+            "step_reward": step_reward,
             "apps": apps,
         }
         self.check_options(options)
         self.max_steps, self.max_text_chars, self.timeout_ms = max_steps, max_text_chars, timeout_ms
         self.check_first_image, self.make_app = check_first_image, resolve_apps(apps)
+        self.step_reward = float(step_reward)
         self.context = self.page = None
         self.steps = self.blocked_requests = 0
         self.state: dict[str, Any] = {}
@@ -299,7 +306,7 @@ class BrowserAppEnv(Env):
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
-        for key, low in {"max_steps": 1, "max_text_chars": 1, "timeout_ms": 100}.items():
+        for key, low in {"max_steps": 1, "max_text_chars": 1, "timeout_ms": 100, "step_reward": 0}.items():
             if key in options and not options[key] >= low:
                 raise ValueError(f"env 'browser_app': option {key!r} must be >= {low}, got {options[key]!r}")
         if "apps" in options:
@@ -372,11 +379,14 @@ class BrowserAppEnv(Env):
         }
         if success or self.steps >= self.max_steps:
             info["reason"] = "success" if success else "max_steps"
-            return StepResult(None, float(success), True, info)
+            return StepResult(None, float(success) + self._progress(info), True, info)
         png = self._shoot()
         text = f"{note}{self._left()}"
         return StepResult(
-            Observation(text=text, images=[str(png)], state_key=self.state_key), 0.0, False, info
+            Observation(text=text, images=[str(png)], state_key=self.state_key),
+            self._progress(info),
+            False,
+            info,
         )
 
     def close(self) -> None:
@@ -415,6 +425,10 @@ class BrowserAppEnv(Env):
         if step.action == "click":
             return step, {"action": "click", "coordinate": xy}
         return step, {"action": "input_text", "coordinate": xy, "input_text": step.text}
+
+    def _progress(self, info: dict[str, Any]) -> float:
+        """``step_reward`` for an action that was the oracle's next one (a process reward; 0 by default)."""
+        return self.step_reward if info.get("target_hit") else 0.0
 
     def _to_page(self, point: tuple[float, float]) -> tuple[float, float]:
         x, y = frame_to_original(point[0], point[1], self.frame, self.viewport, self.model_size)
