@@ -421,8 +421,8 @@ def episode_dir(pool: Any, episode_id: str) -> Path:
 
 
 def episode_stats(trajs: list[list[Any]]) -> dict[str, float]:
-    """``episode/*`` of a batch of trajectories: ``success`` (share with a positive return: the outcome envs give 1
-    on success), ``return_mean``, ``turns_mean``, ``step_accuracy`` (share of steps whose env info says
+    """``episode/*`` of a batch of trajectories: ``success`` (:attr:`mmrl.episodes.Trajectory.success`: the env's
+    verdict on the last step, else a positive return), ``return_mean``, ``turns_mean``, ``step_accuracy`` (share of steps whose env info says
     ``target_hit``, over the steps that report it), ``invalid_frac`` (steps the env found malformed), ``end/<why>``
     (share of episodes ending so) and ``errors`` (episodes ended by an env failure)."""
     flat = [t for row in trajs for t in row]
@@ -431,7 +431,7 @@ def episode_stats(trajs: list[list[Any]]) -> dict[str, float]:
     steps = [s for t in flat for s in t.steps]
     hits = [bool(s.info["target_hit"]) for s in steps if s.info.get("target_hit") is not None]
     out = {
-        "episode/success": sum(t.episode_return > 0 for t in flat) / len(flat),
+        "episode/success": sum(t.success for t in flat) / len(flat),
         "episode/return_mean": sum(t.episode_return for t in flat) / len(flat),
         "episode/turns_mean": sum(len(t.turns) for t in flat) / len(flat),
         "episode/invalid_frac": sum(bool(s.info.get("invalid")) for s in steps) / max(1, len(steps)),

@@ -285,6 +285,15 @@ class Trajectory:
         return float(sum(t.reward for t in self.turns))
 
     @property
+    def success(self) -> bool:
+        """The env's verdict on its last step (``info["success"]``, which ``zoom`` and ``browser_app`` give), else a
+        positive return (an outcome env's reward; with a process reward such as ``step_reward`` the return alone
+        would count partial credit as success)."""
+        if self.steps and "success" in self.steps[-1].info:
+            return bool(self.steps[-1].info["success"])
+        return self.episode_return > 0
+
+    @property
     def length(self) -> int:
         return len(self.prompt.input_ids) + len(self.response)
 
@@ -358,6 +367,7 @@ class Trajectory:
             "episode_id": self.episode_id,
             "sample_id": self.sample.id,
             "return": self.episode_return,
+            "success": self.success,
             "end": self.end,
             **({"error": self.error} if self.error else {}),
             "response_tokens": len(self.response),

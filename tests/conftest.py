@@ -60,3 +60,15 @@ def server():
     yield f"127.0.0.1:{srv.server_address[1]}", _Hits.hits
     srv.shutdown()
     srv.server_close()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_shared_browser_left_open():
+    """Close the browser env's shared Chromium after each module that opened one in this process: Playwright's sync
+    API allows one live instance per thread, and a browser left open breaks every later module that renders."""
+    yield
+    import sys
+
+    browser = sys.modules.get("mmrl.envs.browser")
+    if browser is not None:
+        browser.close_shared_browser()

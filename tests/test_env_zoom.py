@@ -178,6 +178,7 @@ def test_answer_scoring_penalty_and_floor(tmp_path, image_path):
         assert r.info == {
             "action": "answer",
             "correct": correct,
+            "success": correct,  # the episode's verdict, also when the penalty floors the reward at 0
             "target_hit": correct,
             "calls": zooms,
             "reason": "answer",

@@ -286,13 +286,25 @@ class ZoomEnv(Env):
     def _answer(self, answer: str) -> StepResult:
         correct = normalize_text(answer) == normalize_text(str(self.sample.answer))
         reward = max(0.0, float(correct) - self.call_penalty * self.calls)
-        info = {"action": "answer", "correct": correct, "target_hit": correct, "calls": self.calls}
+        info = {
+            "action": "answer",
+            "correct": correct,
+            "success": correct,
+            "target_hit": correct,
+            "calls": self.calls,
+        }
         self.finished = True
         return StepResult(None, reward, True, info | {"reason": "answer"})
 
     def _over(self, kind: str) -> StepResult:
         self.finished = True
-        info = {"action": kind, "calls": self.calls, "target_hit": False, "reason": "max_calls"}
+        info = {
+            "action": kind,
+            "calls": self.calls,
+            "target_hit": False,
+            "success": False,
+            "reason": "max_calls",
+        }
         return StepResult(None, 0.0, True, info)
 
     def _left(self) -> str:

@@ -16,7 +16,8 @@ same names: ``max_turns``, ``env_options`` (the env's own, checked against its s
 may change it; the others are part of what ``run.json`` pins.
 
 Success and metrics. The envs here are outcome envs: reward 1 (less a zoom's call penalty, floored at 0) on the last
-step when the task is done, 0 otherwise. An episode succeeds when its return is > 0, and ``accuracy`` is the success
+step when the task is done, 0 otherwise. An episode succeeds when the env's last step says so (``info["success"]``),
+else when its return is > 0 (:attr:`mmrl.episodes.Trajectory.success`), and ``accuracy`` is the success
 rate (``mmrl compare``'s per-item score). ``summary`` adds, over all episodes:
 
 - ``step_accuracy``: the mean of ``info["target_hit"]`` over every step whose env reports it (browser: the action
@@ -142,7 +143,7 @@ def episode_record(t: Trajectory, out: Path | None = None) -> dict[str, Any]:
              "finish_reason": s.finish_reason, "images": [_relative(p, out) for p in s.images], "info": info}
         )  # fmt: skip
     ret = t.episode_return
-    return {"correct": ret > 0, "return": ret, "end": t.end, "error": t.error, "turns": turns}
+    return {"correct": t.success, "return": ret, "end": t.end, "error": t.error, "turns": turns}
 
 
 def episode_row(
