@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mmrl.checks import check_components, check_data, check_numbers, check_rewards
+from mmrl.checks import check_components, check_data, check_env, check_numbers, check_rewards
 from mmrl.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,7 +16,7 @@ CONFIGS = sorted(p for p in (ROOT / "recipes").glob("*/*.yaml") if p.parent.name
 
 def test_every_recipe_has_configs():
     names = {p.parent.name for p in CONFIGS}
-    domains = {"shapes", "table2latex", "gui", "pathology", "geometry", "video", "medvqa"}
+    domains = {"shapes", "table2latex", "gui", "pathology", "geometry", "video", "medvqa", "zoom", "gui_agent"}
     assert domains <= names
     for n in domains:  # a tiny config for the CPU and a GPU config (geometry: one per variant, MSSR and VADE)
         assert list((ROOT / "recipes" / n).glob("tiny*.yaml")) and list(
@@ -42,6 +42,7 @@ def test_recipe_config_resolves_every_name_and_option(path, monkeypatch):
     cfg = load_config(path)
     check_numbers(cfg)
     check_data(cfg)
+    check_env(cfg)
     if not path.name.startswith("sft"):  # sft configs are for `mmrl sft`: no rewards, no RL components
         check_rewards(cfg)
         check_components(cfg)
