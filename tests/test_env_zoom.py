@@ -398,10 +398,14 @@ def test_the_grid_oracle_zooms_on_the_quadrant_of_the_marks_target(tmp_path):
             id=rec["id"], messages=[], images=[str(tmp_path / "data" / rec["images"][0])], answer=rec["answer"],
             metadata=meta,
         )  # fmt: skip
-        env = ZoomEnv(workdir=tmp_path / rec["id"], max_calls=1, oracle_grid=2)
+        env = ZoomEnv(workdir=tmp_path / rec["id"], max_calls=1, oracle_grid=2, oracle_format="plain")
         env.reset(sample)
         zoom = env.oracle()
-        assert parse_action(zoom) == ("zoom", (28.0 * q[0], 28.0 * q[1], 28.0 * q[0] + 28, 28.0 * q[1] + 28))
+        x, y = 28 * q[0], 28 * q[1]
+        assert (
+            zoom == f"zoom({x}, {y}, {x + 28}, {y + 28})"
+        )  # the plain form, whole numbers in the 56 px frame
+        assert parse_action(zoom) == ("zoom", (x, y, x + 28, y + 28))
         r = env.step(zoom)
         assert r.info["zoom_hit"] and r.info["box"] == [
             168 * q[0],
@@ -412,3 +416,34 @@ def test_the_grid_oracle_zooms_on_the_quadrant_of_the_marks_target(tmp_path):
         assert env.oracle() == f"<answer>{rec['answer']}</answer>"
         assert env.step(env.oracle()).reward == 1.0
     assert len(quadrants) >= 3
+
+
+def test_the_grid_oracle_zooms_twice_down_to_its_view(tmp_path):
+    """``oracle_view: 84``: the quadrant, then the quarter of it that holds the red box (4 x 4 grid cells of a 336 px
+    image, 14 model px a side at 56 px), then the answer."""
+    import json
+
+    from mmrl.recipes.zoom.data import build_marks
+
+    paths = build_marks(tmp_path / "data", n_train=8, n_eval=0, seed=5)
+    for line in paths["train"].read_text().splitlines():
+        rec = json.loads(line)
+        x1, y1, x2, y2 = rec["metadata"]["target_box"]
+        cx, cy = x1 // 84, y1 // 84
+        assert (x2 - 1) // 84 == cx and (y2 - 1) // 84 == cy  # one cell of the 4 x 4 grid
+        meta = {**rec["metadata"], "image_sizes": [[336, 336]], "model_image_sizes": [[56, 56]]}
+        sample = Sample(
+            id=rec["id"], messages=[], images=[str(tmp_path / "data" / rec["images"][0])], answer=rec["answer"],
+            metadata=meta,
+        )  # fmt: skip
+        env = ZoomEnv(
+            workdir=tmp_path / rec["id"], max_calls=2, oracle_grid=2, oracle_view=84, oracle_format="plain"
+        )
+        env.reset(sample)
+        qx, qy = cx // 2 * 28, cy // 2 * 28
+        assert env.oracle() == f"zoom({qx}, {qy}, {qx + 28}, {qy + 28})"
+        assert env.step(env.oracle()).info["zoom_hit"]
+        assert env.oracle() == f"zoom({cx * 14}, {cy * 14}, {cx * 14 + 14}, {cy * 14 + 14})"
+        r = env.step(env.oracle())
+        assert r.info["zoom_hit"] and r.info["box"] == [cx * 84, cy * 84, cx * 84 + 84, cy * 84 + 84]
+        assert env.step(env.oracle()).reward == 1.0

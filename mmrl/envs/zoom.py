@@ -47,9 +47,10 @@ original pixels (clamped to the image), mapped to the model's frame and rounded 
 writes boxes in (whole numbers; 3 decimals in ``relative_1``), so the env's own parsing gives ``zoom_hit``; then
 ``<answer>ANSWER</answer>`` with the sample's answer. A sample without ``target_box`` has no oracle zoom (an error
 naming the sample). With ``oracle_grid: n`` the oracle zooms instead on the cell of an n x n split of its current
-view (the image, then its last crop) that holds the target's centre, until a zoom has held the whole target: the
-coarse strategy a model that sees the image at a few tokens can learn (the tiny recipe's data keeps every target
-inside one quadrant, so ``oracle_grid: 2`` takes one zoom there).
+view (the image, then its last crop) that holds the target's centre, until a zoom has held the whole target (and,
+with ``oracle_view``, until the view is at most that many pixels a side): the coarse strategy a model that sees the
+image at a few tokens can learn (the tiny recipe's data keeps every target inside one cell of a 4 x 4 grid, so
+``oracle_grid: 2, oracle_view: 84`` zooms on its quadrant, then on its quarter of the quadrant).
 """
 
 from __future__ import annotations
@@ -152,7 +153,9 @@ class ZoomEnv(Env):
     (subtracted per call from the answer's reward, floored at 0), ``max_crop_pixels`` (larger crops are
     downscaled to fit), ``min_crop_side`` (px), ``state_grid`` (px grid of the crop box in the state key),
     ``oracle_grid`` (0: the oracle zooms on the target box; n: on the cell of an n x n split of its current view that
-    holds the target's centre, as a model that sees coarsely would)."""
+    holds the target's centre, as a model that sees coarsely would), ``oracle_format`` (``tool_call``: the Qwen3-style
+    JSON call; ``plain``: ``zoom(x1, y1, x2, y2)``, a quarter of the tokens, which a tiny model samples intact),
+    ``oracle_view`` (0, or: the oracle zooms on until its view's longer side is at most this many original pixels)."""
 
     deterministic = True
 
@@ -166,6 +169,8 @@ class ZoomEnv(Env):
         min_crop_side: int = 16,
         state_grid: int = 8,
         oracle_grid: int = 0,
+        oracle_format: str = "tool_call",
+        oracle_view: int = 0,
     ) -> None:
         super().__init__(workdir=workdir)
         self.check_options(
@@ -176,9 +181,11 @@ class ZoomEnv(Env):
                 "min_crop_side": min_crop_side,
                 "state_grid": state_grid,
                 "oracle_grid": oracle_grid,
+                "oracle_format": oracle_format,
+                "oracle_view": oracle_view,
             }
         )
-        self.oracle_grid = oracle_grid
+        self.oracle_grid, self.oracle_format, self.oracle_view = oracle_grid, oracle_format, oracle_view
         self.max_calls, self.call_penalty = max_calls, float(call_penalty)
         self.max_crop_pixels, self.min_crop_side, self.state_grid = max_crop_pixels, min_crop_side, state_grid
         self.calls = 0
@@ -194,10 +201,15 @@ class ZoomEnv(Env):
             "min_crop_side": 1,
             "state_grid": 1,
             "oracle_grid": 0,
+            "oracle_view": 0,
         }
         for key, low in lows.items():
             if key in options and not options[key] >= low:
                 raise ValueError(f"env 'zoom': option {key!r} must be >= {low}, got {options[key]!r}")
+        if options.get("oracle_format", "tool_call") not in ("tool_call", "plain"):
+            raise ValueError(
+                f"env 'zoom': option 'oracle_format' must be 'tool_call' or 'plain', got {options['oracle_format']!r}"
+            )
         side, most = options.get("min_crop_side", 16), options.get("max_crop_pixels", 200_704)
         if side * side > most:
             raise ValueError(
@@ -257,7 +269,9 @@ class ZoomEnv(Env):
         docstring); None once the episode is over."""
         if self.finished:
             return None
-        if self.hit or self.calls >= self.max_calls:
+        view = max(self.view[2] - self.view[0], self.view[3] - self.view[1])
+        close = self.hit and (not self.oracle_view or view <= self.oracle_view)
+        if close or self.calls >= self.max_calls:
             return f"<answer>{self.sample.answer}</answer>"
         if self.target is None:
             raise ValueError(
@@ -280,6 +294,8 @@ class ZoomEnv(Env):
         scale = 1000 if self.frame == "relative_1" else 1  # the precision _shown writes: 3 decimals or whole
         lo = [math.floor(v * scale) / scale if scale > 1 else math.floor(v) for v in a]
         hi = [math.ceil(v * scale) / scale if scale > 1 else math.ceil(v) for v in b]
+        if self.oracle_format == "plain":
+            return f"zoom({', '.join(str(v) for v in (*lo, *hi))})"
         call = {"name": "zoom", "arguments": {"bbox": [*lo, *hi]}}
         return f"<tool_call>{json.dumps(call)}</tool_call>"
 

@@ -167,8 +167,9 @@ def make_image(rng: random.Random, style: Style) -> tuple[Image.Image, str, list
 
 def make_marks_image(rng: random.Random, style: Style) -> tuple[Image.Image, str, list[int]]:
     """A :data:`MARKS` image: ``(image, colour name, target_box)``: a red box with a small dot of one of
-    :data:`MARK_COLOURS` in it, wholly inside one quadrant of the image (the zoom env's ``oracle_grid: 2`` zooms
-    there), among distractor boxes (other fills, dots of any of those colours) and clutter."""
+    :data:`MARK_COLOURS` in it, wholly inside one cell of a 4 x 4 grid of the image (the zoom env's ``oracle_grid: 2``
+    zooms on its quadrant, then on its quarter of the quadrant), among distractor boxes (other fills, dots of any of
+    those colours) and clutter."""
     shade = rng.randint(238, 250)
     img = Image.new("RGB", style.size, (shade, shade, rng.randint(232, 250)))
     draw = ImageDraw.Draw(img)
@@ -202,11 +203,12 @@ def make_marks_image(rng: random.Random, style: Style) -> tuple[Image.Image, str
     return img, colour, list(target)
 
 
-def _in_one_quadrant(box: tuple[int, int, int, int], size: tuple[int, int]) -> bool:
-    """The box lies wholly inside one quadrant of the image (2 px from its edges)."""
-    hx, hy = size[0] // 2, size[1] // 2
-    ok_x = box[2] <= hx - 2 or box[0] >= hx + 2
-    ok_y = box[3] <= hy - 2 or box[1] >= hy + 2
+def _in_one_quadrant(box: tuple[int, int, int, int], size: tuple[int, int], cells: int = 4) -> bool:
+    """The box lies wholly inside one cell of a ``cells`` x ``cells`` grid of the image (2 px from its edges), so
+    inside one quadrant, and inside one quarter of that quadrant (the zoom env's ``oracle_grid: 2`` twice)."""
+    w, h = size[0] / cells, size[1] / cells
+    ok_x = int((box[0] - 2) // w) == int((box[2] + 1) // w) and box[0] >= 2
+    ok_y = int((box[1] - 2) // h) == int((box[3] + 1) // h) and box[1] >= 2
     return ok_x and ok_y
 
 
