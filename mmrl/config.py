@@ -146,7 +146,8 @@ class RolloutConfig:
         "model-input pixels of all images in an episode's context at most (the prompt's included)", None
     )
     image_rule: str = opt(
-        "over the image budget: 'downscale' an observation's new images to fit, or 'end' the episode", "downscale"
+        "over the image budget: 'downscale' an observation's new images to fit, or 'end' the episode",
+        "downscale",
     )
     observation_role: str = opt("the chat role of observation turns: 'user' or 'tool'", "user")
     env_workers: int = opt("env worker processes (0: in the trainer's process, for debugging)", 2)

@@ -16,7 +16,17 @@ CONFIGS = sorted(p for p in (ROOT / "recipes").glob("*/*.yaml") if p.parent.name
 
 def test_every_recipe_has_configs():
     names = {p.parent.name for p in CONFIGS}
-    domains = {"shapes", "table2latex", "gui", "pathology", "geometry", "video", "medvqa", "zoom", "gui_agent"}
+    domains = {
+        "shapes",
+        "table2latex",
+        "gui",
+        "pathology",
+        "geometry",
+        "video",
+        "medvqa",
+        "zoom",
+        "gui_agent",
+    }
     assert domains <= names
     for n in domains:  # a tiny config for the CPU and a GPU config (geometry: one per variant, MSSR and VADE)
         assert list((ROOT / "recipes" / n).glob("tiny*.yaml")) and list(
