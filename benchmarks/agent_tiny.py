@@ -23,8 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pathology_tiny import load_average
-from recipe_runs import seed_options, seed_summary, train_recipe
+from recipe_runs import seed_options, seed_summary, series_run
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = {
@@ -35,20 +34,7 @@ SERIES = {"success": "eval/accuracy", "step_accuracy": "eval/step_accuracy", "tu
 
 
 def run_one(recipe: Path, seed: int, args: Any, base: Any, steps: int) -> dict[str, Any]:
-    before = load_average()
-    _, rows, wall = train_recipe(
-        recipe,
-        args.out / "runs" / f"seed{seed}",
-        args.overrides,
-        seed=seed,
-        steps=steps,
-        eval_every=base.eval.every,
-        eval_samples=base.eval.max_samples,
-    )
-    evals = sorted((r for r in rows if "eval/accuracy" in r), key=lambda r: r["step"])
-    out: dict[str, Any] = {"seed": seed, "wall_s": wall, "load_before": before, "load_after": load_average()}
-    out["steps"] = [r["step"] for r in evals]
-    out |= {name: [r.get(key, float("nan")) for r in evals] for name, key in SERIES.items()}
+    out, rows = series_run(recipe, seed, args, base, steps, SERIES, "eval/accuracy")
     train = [r for r in rows if "episode/success" in r]
     out["train_success"] = [r["episode/success"] for r in train]
     out["train_step_accuracy"] = [r.get("episode/step_accuracy", float("nan")) for r in train]

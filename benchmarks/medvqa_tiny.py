@@ -23,8 +23,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pathology_tiny import load_average
-from recipe_runs import seed_options, seed_summary, train_recipe
+from recipe_runs import seed_options, seed_summary, series_run
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "medvqa" / "tiny.yaml"
@@ -38,21 +37,7 @@ SERIES = {
 
 
 def run_one(seed: int, args: Any, base: Any, steps: int) -> dict[str, Any]:
-    before = load_average()
-    _, rows, wall = train_recipe(
-        RECIPE,
-        args.out / "runs" / f"seed{seed}",
-        args.overrides,
-        seed=seed,
-        steps=steps,
-        eval_every=base.eval.every,
-        eval_samples=base.eval.max_samples,
-    )
-    evals = sorted((r for r in rows if "eval/reward_mean" in r), key=lambda r: r["step"])
-    out: dict[str, Any] = {"seed": seed, "wall_s": wall, "load_before": before, "load_after": load_average()}
-    out["steps"] = [r["step"] for r in evals]
-    out |= {name: [r[key] for r in evals] for name, key in SERIES.items()}
-    return out
+    return series_run(RECIPE, seed, args, base, steps, SERIES, "eval/reward_mean")[0]
 
 
 def main() -> None:

@@ -44,6 +44,31 @@ def train_recipe(
     return cfg, rows, wall
 
 
+def series_run(
+    recipe: Path, seed: int, args: Any, base: Any, steps: int, series: dict[str, str], marker: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One seed of a 3-seed recipe benchmark: the run under ``args.out/runs/seed<seed>``, and each named curve of
+    ``series`` (name -> metrics key) over the evaluated steps (the rows holding ``marker``), with the wall time and
+    the load average before and after (the machine is shared). Also returns the run's metrics rows."""
+    from pathology_tiny import load_average
+
+    before = load_average()
+    _, rows, wall = train_recipe(
+        recipe,
+        args.out / "runs" / f"seed{seed}",
+        args.overrides,
+        seed=seed,
+        steps=steps,
+        eval_every=base.eval.every,
+        eval_samples=base.eval.max_samples,
+    )
+    evals = sorted((r for r in rows if marker in r), key=lambda r: r["step"])
+    out: dict[str, Any] = {"seed": seed, "wall_s": wall, "load_before": before, "load_after": load_average()}
+    out["steps"] = [r["step"] for r in evals]
+    out |= {name: [r.get(key, float("nan")) for r in evals] for name, key in series.items()}
+    return out, rows
+
+
 def seed_options(description: str, recipe: Path, out: Path) -> tuple[argparse.Namespace, Any, int]:
     """The 3-seed recipe benchmarks' command line (``--seeds``, ``--steps``, ``--out``, ``key=value`` overrides):
     the parsed arguments, the recipe's config with the overrides, and the number of training steps."""

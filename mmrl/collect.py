@@ -285,10 +285,17 @@ class Collector:
                         )
                         trajs_local += trajs
                         part = [[_whole_response(t) for t in row] for row in trajs]
-                        job = (self._timed_score_episodes, [samples[b] for b in bs], trajs, dirs)
+                        job = (self._timed, self.score_episodes, [samples[b] for b in bs], trajs, dirs)
                     else:
                         part = self.engine.generate(local[s : s + chunk], self.sampling_params())
-                        job = (self._timed_score, [samples[b] for b in bs], local[s : s + chunk], part, dirs)
+                        job = (
+                            self._timed,
+                            self.score,
+                            [samples[b] for b in bs],
+                            local[s : s + chunk],
+                            part,
+                            dirs,
+                        )
                     groups_local += part
                     futures.append(self._reward_thread().submit(*job))
 
@@ -315,17 +322,13 @@ class Collector:
             got = Collected(idx, samples, prompts, groups, None, [], pending=finish)
         return got if overlap else got.resolve()
 
-    def _timed_score(self, *args: Any) -> tuple[torch.Tensor, list]:
+    def _timed(
+        self, score: Callable[..., tuple[torch.Tensor, list]], *args: Any
+    ) -> tuple[torch.Tensor, list]:
+        """``score(*args)``, its time added to ``reward_seconds``."""
         t0 = time.perf_counter()
         try:
-            return self.score(*args)
-        finally:
-            self.reward_seconds += time.perf_counter() - t0
-
-    def _timed_score_episodes(self, *args: Any) -> tuple[torch.Tensor, list]:
-        t0 = time.perf_counter()
-        try:
-            return self.score_episodes(*args)
+            return score(*args)
         finally:
             self.reward_seconds += time.perf_counter() - t0
 
