@@ -407,9 +407,13 @@ def _pdf_text_and_streams(pdf: bytes) -> str:
         doc = pdfium.PdfDocument(pdf)
         parts += [doc[i].get_textpage().get_text_range() for i in range(len(doc))]
         doc.close()
-    for m in re.finditer(rb"stream\r?\n(.*?)\r?\nendstream", pdf, re.S):
+    # the stream's bytes up to `endstream`, its end-of-line included: a compressed stream may END with a \r byte,
+    # which a pattern stripping "\r?\n" before `endstream` took off, truncating the data (zlib.error: the canary
+    # then went unseen, about one run in 256 since the canary is random); a decompressor object stops at the
+    # compressed data's own end and leaves the end-of-line as unused data
+    for m in re.finditer(rb"stream\r?\n(.*?)endstream", pdf, re.S):
         try:
-            parts.append(zlib.decompress(m.group(1)).decode("latin-1"))
+            parts.append(zlib.decompressobj().decompress(m.group(1)).decode("latin-1"))
         except zlib.error:
             parts.append(m.group(1).decode("latin-1"))
     return "\n".join(parts)
