@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
 from contextlib import contextmanager
@@ -45,6 +44,7 @@ from mmrl.logging import MetricsLogger
 from mmrl.policy import Policy
 from mmrl.rewards.compose import CompositeReward, RewardConfig
 from mmrl.rollout import ENGINES
+from mmrl.rollout_log import append_rollouts, rollout_rows
 from mmrl.samplers import SAMPLERS
 from mmrl.update import PolicyUpdate, RolloutBatch, micro_batches
 from mmrl.validation import Validator
@@ -440,50 +440,13 @@ class Trainer:
         return self.validator()
 
     def _write_rollouts(self, got: Collected, keep: int = ROLLOUTS_LOGGED) -> None:
-        """Append the first ``keep`` groups of the step, each response with its reward and reward parts."""
+        """Append the first ``keep`` groups of the step to rollouts.jsonl (:mod:`mmrl.rollout_log`) and give their
+        inputs and kept renders to the trackers."""
         if not self.dist.is_main:
             return
-        G, rows = len(got.groups[0]), []
-        with (self.out / "rollouts.jsonl").open("a") as f:
-            for b, (s, g) in enumerate(list(zip(got.samples, got.groups))[:keep]):
-                results = got.results[b * G : (b + 1) * G]
-                row = {
-                    "step": self.step,
-                    "id": s.id,
-                    "prompt": s.prompt_text,
-                    "images": [str(x) for x in s.images],
-                    "videos": [str(x) for x in s.videos],
-                    "answer": s.answer,
-                    "metadata": s.metadata,  # what some rewards judge by (a pathology region); the report reads it
-                    "responses": [
-                        {"text": c.text, "finish": c.finish_reason, "reward": r.score, "parts": r.parts}
-                        for c, r in zip(g, results)
-                    ],
-                }
-                if got.trajectories is not None:  # each response's episode and turns (images relative to DIR)
-                    for resp, t in zip(row["responses"], got.trajectories[b]):
-                        resp |= self._episode_record(t)
-                f.write(json.dumps(row) + "\n")
-                rows.append(row)
-        self.logger.log_rollout_images(self.step, rows)  # inputs and kept renders, to the trackers
-
-    def _episode_record(self, t: Any) -> dict[str, Any]:
-        """A trajectory's ``episode`` summary and ``turns`` for rollouts.jsonl (image paths relative to DIR)."""
-        rec = t.to_record()
-
-        def rel(path: str) -> str:
-            try:
-                return os.path.relpath(path, self.out.resolve())
-            except ValueError:  # another drive (Windows): keep it absolute
-                return path
-
-        for turn in rec["turns"]:
-            turn["images"] = [rel(x) for x in turn["images"]]
-        episode = {"end": rec["end"], "return": rec["return"], "turns_count": len(rec["turns"])}
-        episode |= {"id": rec["episode_id"], "sampled_tokens": rec["sampled_tokens"]}
-        if rec.get("error"):
-            episode["error"] = rec["error"]
-        return {"episode": episode, "turns": rec["turns"]}
+        rows = rollout_rows(got, self.step, self.out, keep)
+        append_rollouts(self.out / "rollouts.jsonl", rows)
+        self.logger.log_rollout_images(self.step, rows)
 
     def save(self) -> Path:
         """A checkpoint (:mod:`mmrl.checkpoint`). Under FSDP every rank writes its optimizer shard into the staging
