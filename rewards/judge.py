@@ -224,6 +224,16 @@ class VLLMJudge:
         if offload:
             self.llm.sleep(level=1)
 
+    def close(self) -> None:
+        """Finish the queued call, then shut the engine down here and now. Left to its finalizer, the shutdown runs
+        wherever the last reference goes: the judge's own worker thread, when it still held the last call's bound
+        method as the caller dropped the judge, where it destroys vLLM's process-wide parallel groups while the main
+        thread may be building the next engine. Measured: a judge dropped after a call that had timed out was shut
+        down in thread ``mmrl-judge-vllm_0``, 0.42 s after the drop; the cause of two CI failures where the Qwen3-VL
+        vision tower found no tensor-parallel group in the test right after tests/test_vllm_judge.py."""
+        self._pool.shutdown(wait=True)
+        self.llm.llm_engine.engine_core.shutdown()
+
     render = HFJudge.render
 
     def generate(

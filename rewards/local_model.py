@@ -85,8 +85,14 @@ class Loaded:
 
     @classmethod
     def clear(cls) -> None:
+        """Drop every loaded model, closing those that hold an engine (``close``) before they are dropped."""
         with cls._lock:
+            items = list(cls._items.values())
             cls._items.clear()
+        for item in items:
+            close = getattr(item, "close", None)
+            if close is not None:
+                close()
 
 
 class LRU(Generic[T]):

@@ -46,7 +46,9 @@ def policy():
 
 @pytest.fixture(scope="module")
 def engine(policy):
-    return ENGINES.get("vllm")(policy, batch_size=4)
+    engine = ENGINES.get("vllm")(policy, batch_size=4)
+    yield engine
+    engine.close()  # not left to the collector: its shutdown would destroy the groups of a later engine
 
 
 def _user(*parts):
@@ -246,7 +248,12 @@ def test_lora_policy_samples_from_merged_weights(policy, engine, samples):
     lora_engine = ENGINES.get("vllm")(lora)
     prompts = [lora.encode(s) for s in samples[:2]]
     torch.manual_seed(8)
-    flat_prompts, comps = _flat(prompts, lora_engine.generate(prompts, SamplingParams(n=2, max_new_tokens=8)))
+    try:
+        flat_prompts, comps = _flat(
+            prompts, lora_engine.generate(prompts, SamplingParams(n=2, max_new_tokens=8))
+        )
+    finally:
+        lora_engine.close()
     assert max(_errors(lora, flat_prompts, comps)) < TOL
     assert min(_errors(policy, flat_prompts, comps)) > 1e-2  # and not like the base model's
 

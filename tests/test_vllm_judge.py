@@ -4,6 +4,7 @@ through vLLM as through transformers on held-apart pairs, and a call past its de
 Run with `bash scripts/setup-vllm-cpu.sh && .venv-vllm/bin/python -m pytest -m vllm tests/test_vllm_judge.py`."""
 
 import importlib.util
+import threading
 
 import pytest
 from test_reward_models import JUDGE, held_apart_pairs
@@ -35,4 +36,9 @@ def test_vllm_judge_verdicts_equal_the_hf_judges():
         inputs[:4], model=JUDGE, engine="vllm", device="cpu"
     )  # queued behind the late call, then served
     assert [r.score for r in again] == [r.score for r in hf[:4]]
-    Loaded.clear()
+    (vllm_judge,) = [m for m in Loaded._items.values() if type(m).__name__ == "VLLMJudge"]
+    finalizer = vllm_judge.llm.llm_engine.engine_core._finalizer
+    del vllm_judge
+    Loaded.clear()  # closes it: its worker thread joined, the engine shut down here, no finalizer left to run later
+    assert not finalizer.alive
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("mmrl-judge-vllm")]

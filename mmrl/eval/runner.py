@@ -296,6 +296,7 @@ def generate(
     position = {it.id: i for i, it in enumerate(items)}
     new: list[dict[str, Any]] = []
     with (
+        closing_engine(engine),
         _responder(bench, policy, engine, params, path.parent) as respond,
         _progress(len(items), len(items) - len(pending), bench.name, req.progress) as advance,
     ):
@@ -314,6 +315,18 @@ def generate(
 
 
 Respond = Callable[[list[EvalItem], list[Any]], list[dict[str, Any]]]
+
+
+@contextmanager
+def closing_engine(engine: Any) -> Iterator[Any]:
+    """Shut an engine that has ``close`` down on the way out (a vLLM engine left to the garbage collector shuts down
+    whenever it is collected, destroying the parallel groups of whichever engine is alive then)."""
+    try:
+        yield engine
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
 
 
 @contextmanager

@@ -244,10 +244,9 @@ class VLLMEngine:
                 llm_kwargs["enable_chunked_prefill"] = False
         llm_kwargs.update(options)
         set_num_threads = torch.set_num_threads
-        # engines dropped earlier in this process are finalized now, not while this one builds: an in-process
-        # vLLM engine's shutdown destroys vLLM's process-wide parallel groups, and a collection in the middle of the
-        # next engine's construction left it without them ("tensor model parallel group is not initialized", seen
-        # once in CI when the Qwen3-VL vision tower asked for the tensor-parallel size)
+        # an in-process vLLM engine shuts down when its last reference goes, and its shutdown destroys vLLM's
+        # process-wide parallel groups, whichever engine they serve by then: engines dropped unclosed earlier in this
+        # process are finalized now rather than while this one builds (close them: VLLMEngine.close, VLLMJudge.close)
         gc.collect()
         self.llm = vllm.LLM(**llm_kwargs)
         if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
@@ -316,7 +315,7 @@ class VLLMEngine:
     # ---------------------------------------------------------------- weights
     def close(self) -> None:
         """Shut the engine down while the process group is alive (vLLM destroys its own groups on the way);
-        left to interpreter exit, its finalizer would run after the trainer has destroyed them."""
+        left to interpreter exit, its finalizer would run after the trainer has destroyed them. Idempotent."""
         self.llm.llm_engine.engine_core.shutdown()
 
     def sync_weights(self) -> None:
