@@ -162,6 +162,20 @@ def test_garbage_is_an_invalid_action_not_an_exception(tmp_path, image_path, act
     assert r.observation.images == [] and r.observation.state_key == first.state_key
 
 
+def test_invalid_end_stops_the_episode_at_a_malformed_call(tmp_path, image_path):
+    env, _ = _env(tmp_path, image_path, invalid="end")
+    r = env.step("zoom(33 Dot Being How")
+    assert r.done and r.reward == 0.0 and r.observation is None
+    assert (
+        r.info["invalid"] and r.info["reason"] == "invalid" and r.info["calls"] == 0 and not r.info["success"]
+    )
+    assert env.oracle() is None
+    env, _ = _env(tmp_path, image_path, invalid="end")  # well-formed calls and answers are unaffected
+    assert not env.step("zoom(0, 0, 100, 50)").done
+    with pytest.raises(ValueError, match="'invalid' must be 'retry' or 'end'"):
+        _env(tmp_path, image_path, invalid="skip")
+
+
 def test_answer_scoring_penalty_and_floor(tmp_path, image_path):
     for options, zooms, answer, correct, reward in [
         ({}, 0, " a7. ", True, 1.0),  # SQuAD normalisation: case, punctuation, spaces
@@ -416,6 +430,49 @@ def test_the_grid_oracle_zooms_on_the_quadrant_of_the_marks_target(tmp_path):
         assert env.oracle() == f"<answer>{rec['answer']}</answer>"
         assert env.step(env.oracle()).reward == 1.0
     assert len(quadrants) >= 3
+
+
+def test_the_mark_scenes_hold_one_red_box_in_one_cell_and_the_oracle_zooms_on_it(tmp_path):
+    """The tiny recipe's data since the tiny Qwen3-VL (``build_mark``): one red box, wholly inside one cell of a 3x3
+    split, and no other box of the target's fill; ``oracle_grid: 3`` in Qwen3-VL's 0-1000 frame (the scene seen at
+    64 px) zooms on exactly that 112 px cell, whose crop holds the box; then it answers the dot's colour."""
+    import json
+
+    import numpy as np
+
+    from mmrl.recipes.zoom.data import MARK, MARK_COLOURS, TARGET_FILL, build_mark
+
+    paths = build_mark(tmp_path / "data", n_train=10, n_eval=0, seed=4)
+    cells = set()
+    for line in paths["train"].read_text().splitlines():
+        rec = json.loads(line)
+        assert rec["answer"] in MARK_COLOURS
+        x1, y1, x2, y2 = rec["metadata"]["target_box"]
+        assert x2 - x1 == y2 - y1 == MARK.mark_box
+        cx, cy = x1 // 112, y1 // 112
+        assert (x2 - 1) // 112 == cx and (y2 - 1) // 112 == cy  # one cell of the 3 x 3 split
+        cells.add((cx, cy))
+        path = tmp_path / "data" / rec["images"][0]
+        red = np.all(np.asarray(Image.open(path).convert("RGB")) == TARGET_FILL, axis=-1)
+        dot = MARK.mark_dot
+        assert red.sum() == MARK.mark_box**2 - dot * dot  # the target's fill nowhere else
+        meta = {**rec["metadata"], "image_sizes": [[336, 336]], "model_image_sizes": [[64, 64]]}
+        meta["coordinate_frame"] = "relative_1000"
+        sample = Sample(id=rec["id"], messages=[], images=[str(path)], answer=rec["answer"], metadata=meta)
+        env = ZoomEnv(
+            workdir=tmp_path / rec["id"], max_calls=1, oracle_grid=3, oracle_format="plain", invalid="end"
+        )
+        env.reset(sample)
+        zoom = env.oracle()
+        r = env.step(zoom)
+        cell = [112 * cx, 112 * cy, 112 * cx + 112, 112 * cy + 112]
+        box = r.info[
+            "box"
+        ]  # the cell, rounded outward through the 0-1000 frame (at most a pixel on each side)
+        assert r.info["zoom_hit"] and all(abs(a - b) <= 1 for a, b in zip(box, cell)), (zoom, box)
+        assert box[0] <= cell[0] and box[1] <= cell[1] and box[2] >= cell[2] and box[3] >= cell[3]
+        assert env.step(env.oracle()).reward == 1.0
+    assert len(cells) >= 5
 
 
 def test_the_grid_oracle_zooms_twice_down_to_its_view(tmp_path):

@@ -13,7 +13,9 @@ actions freely; the FIRST action in that text wins and the rest is ignored):
 - ``<answer>...</answer>``: the final answer (the closing tag may be missing too).
 
 Anything else is an invalid action: the observation says what was wrong and what is expected, reward 0,
-``info["invalid"] = True``. It uses a call like a zoom does.
+``info["invalid"] = True``. It uses a call like a zoom does. With ``invalid: end`` (a strict tool API) it ends the
+episode instead, with reward 0 and ``info["reason"] = "invalid"``: an answer after a malformed call can no longer be
+rewarded, which a policy sampled at temperature 1 otherwise learns to exploit (recipes/zoom/README.md).
 
 Coordinates are in the model's coordinate frame of the ORIGINAL image (the first image of the sample, the one the
 prompt showed), also on later turns: a crop is something to read, not a new frame. The frame and sizes come from
@@ -155,7 +157,9 @@ class ZoomEnv(Env):
     ``oracle_grid`` (0: the oracle zooms on the target box; n: on the cell of an n x n split of its current view that
     holds the target's centre, as a model that sees coarsely would), ``oracle_format`` (``tool_call``: the Qwen3-style
     JSON call; ``plain``: ``zoom(x1, y1, x2, y2)``, a quarter of the tokens, which a tiny model samples intact),
-    ``oracle_view`` (0, or: the oracle zooms on until its view's longer side is at most this many original pixels)."""
+    ``oracle_view`` (0, or: the oracle zooms on until its view's longer side is at most this many original pixels),
+    ``invalid`` (``retry``: a malformed action is told what was wrong and uses a call; ``end``: it ends the episode
+    with reward 0)."""
 
     deterministic = True
 
@@ -171,6 +175,7 @@ class ZoomEnv(Env):
         oracle_grid: int = 0,
         oracle_format: str = "tool_call",
         oracle_view: int = 0,
+        invalid: str = "retry",
     ) -> None:
         super().__init__(workdir=workdir)
         self.check_options(
@@ -183,8 +188,10 @@ class ZoomEnv(Env):
                 "oracle_grid": oracle_grid,
                 "oracle_format": oracle_format,
                 "oracle_view": oracle_view,
+                "invalid": invalid,
             }
         )
+        self.end_on_invalid = invalid == "end"
         self.oracle_grid, self.oracle_format, self.oracle_view = oracle_grid, oracle_format, oracle_view
         self.max_calls, self.call_penalty = max_calls, float(call_penalty)
         self.max_crop_pixels, self.min_crop_side, self.state_grid = max_crop_pixels, min_crop_side, state_grid
@@ -206,6 +213,10 @@ class ZoomEnv(Env):
         for key, low in lows.items():
             if key in options and not options[key] >= low:
                 raise ValueError(f"env 'zoom': option {key!r} must be >= {low}, got {options[key]!r}")
+        if options.get("invalid", "retry") not in ("retry", "end"):
+            raise ValueError(
+                f"env 'zoom': option 'invalid' must be 'retry' or 'end', got {options['invalid']!r}"
+            )
         if options.get("oracle_format", "tool_call") not in ("tool_call", "plain"):
             raise ValueError(
                 f"env 'zoom': option 'oracle_format' must be 'tool_call' or 'plain', got {options['oracle_format']!r}"
@@ -252,7 +263,7 @@ class ZoomEnv(Env):
                 return self._over("zoom")
             box = self._crop_box(value)
         except Invalid as bad:
-            if self.calls >= self.max_calls:
+            if self.calls >= self.max_calls or self.end_on_invalid:
                 return self._over("invalid")
             self.calls += 1
             text = f"invalid action: {bad}; {EXPECTED}. {self._left()}"
@@ -314,13 +325,16 @@ class ZoomEnv(Env):
 
     def _over(self, kind: str) -> StepResult:
         self.finished = True
+        reason = "max_calls" if self.calls >= self.max_calls else "invalid"
         info = {
             "action": kind,
             "calls": self.calls,
             "target_hit": False,
             "success": False,
-            "reason": "max_calls",
+            "reason": reason,
         }
+        if kind == "invalid":
+            info["invalid"] = True
         return StepResult(None, 0.0, True, info)
 
     def _left(self) -> str:

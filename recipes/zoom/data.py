@@ -76,6 +76,9 @@ class Style:
     distractors: tuple[int, int]
     clutter: tuple[int, int]
     prompt: str
+    mark_box: int = 42  # the marks variants: the red box's side, its dot's side, and the grid the box lies in
+    mark_dot: int = 9
+    mark_cells: int = 4
 
 
 FULL = Style((2048, 1536), ALPHABET, (4, 4), 10, (50, 100), (100, 200), PROMPT.format(max_calls=4))
@@ -89,12 +92,11 @@ MARK_COLOURS = {
     "white": (255, 255, 255),
 }
 MARKS_ALPHABET = "marks"  # Style.alphabet of the marks variant
-MARK_BOX, MARK_DOT = (
-    42,
-    9,
-)  # px: the boxes (7 px blobs at 56x56) and their dots (1.5 px there, 3 px in a quadrant)
 MARKS_PROMPT = "<image>What colour is the dot in the red box?"
+# build_marks: 42 px boxes (7 px blobs at 56x56) with 9 px dots (1.5 px there, 3 px in a quadrant) among look-alikes
 MARKS = Style((336, 336), MARKS_ALPHABET, (1, 1), 0, (4, 8), (8, 16), MARKS_PROMPT)
+# The tiny recipe's world since it moved to the tiny Qwen3-VL (build_mark): one red box, no look-alike boxes.
+MARK = replace(MARKS, distractors=(0, 0), mark_box=100, mark_dot=24, mark_cells=3)
 
 
 @lru_cache(maxsize=4)
@@ -178,17 +180,18 @@ def make_marks_image(rng: random.Random, style: Style) -> tuple[Image.Image, str
 
     def box_with_dot(fill: Any, quadrant: bool = False) -> tuple[tuple[int, int, int, int] | None, str]:
         colour = rng.choice(sorted(MARK_COLOURS))
-        box = _place(rng, style.size, MARK_BOX, MARK_BOX, taken)
-        while quadrant and box is not None and not _in_one_quadrant(box, style.size):
-            box = _place(rng, style.size, MARK_BOX, MARK_BOX, taken)
+        box = _place(rng, style.size, style.mark_box, style.mark_box, taken)
+        while quadrant and box is not None and not _in_one_quadrant(box, style.size, style.mark_cells):
+            box = _place(rng, style.size, style.mark_box, style.mark_box, taken)
         if box is None:
             return None, colour
         draw.rectangle([box[0], box[1], box[2] - 1, box[3] - 1], fill=fill)
         jx, jy = rng.randint(-2, 2), rng.randint(-2, 2)
         cx, cy = (box[0] + box[2]) // 2 + jx, (box[1] + box[3]) // 2 + jy
-        h = MARK_DOT // 2
+        h = style.mark_dot // 2
         draw.rectangle(
-            [cx - h, cy - h, cx - h + MARK_DOT - 1, cy - h + MARK_DOT - 1], fill=MARK_COLOURS[colour]
+            [cx - h, cy - h, cx - h + style.mark_dot - 1, cy - h + style.mark_dot - 1],
+            fill=MARK_COLOURS[colour],
         )
         taken.append(box)
         return box, colour
@@ -196,7 +199,7 @@ def make_marks_image(rng: random.Random, style: Style) -> tuple[Image.Image, str
     target, colour = box_with_dot(TARGET_FILL, quadrant=True)
     if target is None:
         raise ValueError(
-            f"zoom data: a {MARK_BOX} px box does not fit a {style.size[0]}x{style.size[1]} image"
+            f"zoom data: a {style.mark_box} px box does not fit a {style.size[0]}x{style.size[1]} image"
         )
     for _ in range(rng.randint(*style.distractors)):
         box_with_dot(rng.choice(DISTRACTOR_FILLS))
@@ -282,3 +285,20 @@ def build_marks_demo(folder: str | Path, *, n: int = 1000, seed: int = 1) -> dic
     """Demonstration records for the tiny recipe's warm start (``mmrl sft recipes/zoom/sft.yaml`` plays the env's
     oracle on them): :func:`build_marks` records from another seed, so they are not the RL or held-out images."""
     return _write(Path(folder), MARKS, "zoom-marks-demo", n, 0, seed)
+
+
+def build_mark(
+    folder: str | Path, *, n_train: int = 1000, n_eval: int = 200, seed: int = 0
+) -> dict[str, Path]:
+    """The zoom recipe's tiny split (``tiny.yaml``, the tiny Qwen3-VL at 64 x 64): 336 x 336 scenes with one red box
+    (100 px, wholly inside one cell of a 3 x 3 split) among muted clutter, and the question "What colour is the dot in
+    the red box?". The 24 px dot is under 5 px in the 64 x 64 view and 14 px in the crop of its cell. Unlike
+    :func:`build_marks` there are no look-alike boxes of other fills and the box is held to a cell: with look-alikes
+    (1,400 supervised steps) or a box free within its quadrant (800), the tiny models did not learn where the box is
+    (recipes/zoom/README.md, benchmarks/grounding_probe.py)."""
+    return _write(Path(folder), MARK, "zoom-mark", n_train, n_eval, seed)
+
+
+def build_mark_demo(folder: str | Path, *, n: int = 1000, seed: int = 1) -> dict[str, Path]:
+    """Demonstration records for ``sft.yaml`` (the env's oracle plays them): :func:`build_mark` from another seed."""
+    return _write(Path(folder), MARK, "zoom-mark-demo", n, 0, seed)
