@@ -390,20 +390,28 @@ def test_tiny_codes_are_unreadable_at_the_model_budget_and_readable_in_a_crop():
     assert full <= 0.2 * n and crop >= 0.95 * n, (full, crop)
 
 
+def _mark_records(build, tmp_path: Path, n: int, seed: int):
+    """The records a marks builder writes under ``tmp_path / "data"`` (each answer one of the dot colours), with their
+    target boxes."""
+    import json
+
+    from mmrl.recipes.zoom.data import MARK_COLOURS
+
+    paths = build(tmp_path / "data", n_train=n, n_eval=0, seed=seed)
+    for line in paths["train"].read_text().splitlines():
+        rec = json.loads(line)
+        assert rec["answer"] in MARK_COLOURS
+        yield rec, rec["metadata"]["target_box"]
+
+
 def test_the_grid_oracle_zooms_on_the_quadrant_of_the_marks_target(tmp_path):
     """The tiny recipe's data keeps every red box inside one quadrant, and ``oracle_grid: 2`` zooms on exactly that
     quadrant (in the model's frame of a 336 px image seen at 56 px: [0, 0, 28, 28] and its three siblings), so the
     crop holds the target; then it answers the dot's colour."""
-    import json
+    from mmrl.recipes.zoom.data import build_marks
 
-    from mmrl.recipes.zoom.data import MARK_COLOURS, build_marks
-
-    paths = build_marks(tmp_path / "data", n_train=12, n_eval=0, seed=3)
     quadrants = set()
-    for line in paths["train"].read_text().splitlines():
-        rec = json.loads(line)
-        assert rec["answer"] in MARK_COLOURS
-        x1, y1, x2, y2 = rec["metadata"]["target_box"]
+    for rec, (x1, y1, x2, y2) in _mark_records(build_marks, tmp_path, 12, seed=3):
         q = (x1 >= 168, y1 >= 168)
         assert (x2 <= 168) != q[0] and (y2 <= 168) != q[1]  # wholly inside one quadrant
         quadrants.add(q)
@@ -436,18 +444,12 @@ def test_the_mark_scenes_hold_one_red_box_in_one_cell_and_the_oracle_zooms_on_it
     """The tiny recipe's data since the tiny Qwen3-VL (``build_mark``): one red box, wholly inside one cell of a 3x3
     split, and no other box of the target's fill; ``oracle_grid: 3`` in Qwen3-VL's 0-1000 frame (the scene seen at
     64 px) zooms on exactly that 112 px cell, whose crop holds the box; then it answers the dot's colour."""
-    import json
-
     import numpy as np
 
-    from mmrl.recipes.zoom.data import MARK, MARK_COLOURS, TARGET_FILL, build_mark
+    from mmrl.recipes.zoom.data import MARK, TARGET_FILL, build_mark
 
-    paths = build_mark(tmp_path / "data", n_train=10, n_eval=0, seed=4)
     cells = set()
-    for line in paths["train"].read_text().splitlines():
-        rec = json.loads(line)
-        assert rec["answer"] in MARK_COLOURS
-        x1, y1, x2, y2 = rec["metadata"]["target_box"]
+    for rec, (x1, y1, x2, y2) in _mark_records(build_mark, tmp_path, 10, seed=4):
         assert x2 - x1 == y2 - y1 == MARK.mark_box
         cx, cy = x1 // 112, y1 // 112
         assert (x2 - 1) // 112 == cx and (y2 - 1) // 112 == cy  # one cell of the 3 x 3 split
