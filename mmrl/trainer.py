@@ -24,13 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrl import checkpoint, fsdp, rundir, trackers
+from mmrl import checkpoint, fsdp, rundir, step_stats, trackers
 from mmrl.algos import (
     ADVANTAGES,
     KL_ESTIMATORS,
     REWARD_CORRECTIONS,
     AdvantageInput,
-    groups_with_signal,
     kl_penalised_rewards,
     rollout_correction,
 )
@@ -198,13 +197,15 @@ class Trainer:
                     with self.stage("sync_weights"):
                         self.engine.sync_weights()
                     self.step += 1
-                    metrics = {"step": self.step, **self.reward_stats(got), **update_stats, **adv_stats}
+                    metrics = {"step": self.step, **self.step_stats(got), **update_stats, **adv_stats}
                     metrics |= self.mismatch
                     self.last_kl = (
                         metrics["kl"] if cfg.algo.kl_coef > 0 else None
                     )  # read by MSSR's forgetting
-                    metrics |= self.rollout_stats(got) | got.stats | self.sampler.stats()
-                    metrics |= self.maybe_evaluate() | self.throughput(got)
+                    metrics |= got.stats | self.sampler.stats()
+                    metrics |= self.maybe_evaluate() | step_stats.throughput(
+                        got, self.timings, self.collector.reward_seconds, self.updater.tokens
+                    )
                     self.logger.log(metrics)
                     self._write_rollouts(got)
                     if got.trajectories is not None:  # episode folders: only the logged ones stay
@@ -382,48 +383,14 @@ class Trainer:
         batch.advantages, est_stats = self.estimator(inp)
         return stats | est_stats
 
-    def reward_stats(self, got: Collected) -> dict[str, float]:
-        scores = got.rewards
-        stats: dict[str, float] = {"reward/mean": scores.mean().item(), "reward/std": scores.std().item()}
-        parts: dict[str, list[float]] = {}
-        for r in got.results:
-            for k, v in r.parts.items():
-                parts.setdefault(f"reward/{k}", []).append(float(v))
-        stats.update({k: sum(v) / len(v) for k, v in parts.items()})
+    def step_stats(self, got: Collected) -> dict[str, float]:
+        """The step's reward, rollout and throughput statistics (:mod:`mmrl.step_stats`)."""
         errors = self.collector.errors
-        stats["reward/errors"] = len(errors)
-        # process diagnostics (the reward cache is not checkpointed): per-step counts under sys/, like time/*
-        pool, prev = (self.reward.stats() if self.reward is not None else {}), self._reward_counts
-        self._reward_counts = {
-            k: pool[k] for k in ("cache_hits", "cache_misses", "timeouts", "pool_restarts") if k in pool
-        }
-        stats |= {f"sys/reward_{k}": v - prev.get(k, 0) for k, v in self._reward_counts.items()}
+        pool = self.reward.stats() if self.reward is not None else {}
+        stats, self._reward_counts = step_stats.reward_stats(got, errors, pool, self._reward_counts)
         if errors and self.dist.is_main:
-            with (self.out / "reward_errors.jsonl").open("a") as f:
-                for e in errors:
-                    f.write(json.dumps({"step": self.step, **e}) + "\n")
-        return stats
-
-    def rollout_stats(self, got: Collected) -> dict[str, float]:
-        comps = [c for g in got.groups for c in g]
-        lens = [len(c.token_ids) for c in comps]
-        return {
-            "response_length/mean": sum(lens) / len(lens),
-            "response_length/max": max(lens),
-            "rollout/truncated_frac": sum(c.finish_reason == "length" for c in comps) / len(lens),
-            "rollout/groups_with_signal": groups_with_signal(got.rewards).float().mean().item(),
-        }
-
-    def throughput(self, got: Collected) -> dict[str, float]:
-        """Stage timings (time/*) and tokens per second of the rollout and update stages (sys/*: diagnostics)."""
-        t = self.timings
-        rollout_tokens = sum(len(c.token_ids) for g in got.groups for c in g)
-        out = {f"time/{k}": v for k, v in t.items()}
-        # scoring time, in the background while generation and the log-prob passes ran (time/reward: the wait)
-        out["time/reward_compute"] = self.collector.reward_seconds
-        out["sys/rollout_tokens_per_s"] = rollout_tokens / t["rollout"] if t.get("rollout") else 0.0
-        out["sys/train_tokens_per_s"] = self.updater.tokens / t["update"] if t.get("update") else 0.0
-        return out
+            step_stats.write_reward_errors(self.out / "reward_errors.jsonl", self.step, errors)
+        return stats | step_stats.rollout_stats(got)
 
     def maybe_evaluate(self) -> dict[str, float]:
         cfg = self.cfg
