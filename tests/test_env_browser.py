@@ -350,6 +350,12 @@ def test_garbage_actions_are_invalid_and_never_raise(make_env):
     assert result.done
     nothing = make_env("mail", 2).step(_answer({"action": "input_text", "input_text": "hello"}))
     assert nothing.info["valid"] and "Nothing was typed" in nothing.observation.text
+    # invalid: end (a strict action API): the first malformed action ends the episode with nothing
+    strict = make_env("mail", 2, invalid="end", max_steps=8).step(GARBAGE[0])
+    assert strict.done and strict.reward == 0.0 and strict.observation is None
+    assert strict.info["invalid"] and strict.info["reason"] == "invalid"
+    with pytest.raises(ValueError, match="option 'invalid' must be 'retry' or 'end'"):
+        BrowserAppEnv.check_options({"invalid": "skip"})
 
 
 @chromium

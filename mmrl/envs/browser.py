@@ -271,7 +271,9 @@ class BrowserAppEnv(Env):
     ``max_text_chars`` (typed text is cut here), ``check_first_image`` (reset checks the sample's image against
     the live screen), ``apps`` (the generator, ``module:function``), ``timeout_ms`` (page load and screenshot),
     ``step_reward`` (added to a step's reward when the action was the oracle's next one: a process reward from the
-    world's own oracle, 0 by default)."""
+    world's own oracle, 0 by default), ``invalid`` (``retry``: a malformed action is told what was wrong and uses
+    a step; ``end``: it ends the episode with reward 0 and ``info["reason"] = "invalid"``, so a policy cannot stall
+    on malformed actions to keep a later chance open)."""
 
     deterministic = True
     points_on_latest_image = True  # clicks on the latest screenshot, mapped with the first one's model size
@@ -286,6 +288,7 @@ class BrowserAppEnv(Env):
         apps: str = DEFAULT_APPS,
         timeout_ms: int = 10_000,
         step_reward: float = 0.0,
+        invalid: str = "retry",
     ) -> None:
         super().__init__(workdir=workdir)
         options = {
@@ -294,11 +297,13 @@ class BrowserAppEnv(Env):
             "timeout_ms": timeout_ms,
             "step_reward": step_reward,
             "apps": apps,
+            "invalid": invalid,
         }
         self.check_options(options)
         self.max_steps, self.max_text_chars, self.timeout_ms = max_steps, max_text_chars, timeout_ms
         self.check_first_image, self.make_app = check_first_image, resolve_apps(apps)
         self.step_reward = float(step_reward)
+        self.end_on_invalid = invalid == "end"
         self.context = self.page = None
         self.steps = self.blocked_requests = 0
         self.state: dict[str, Any] = {}
@@ -311,6 +316,10 @@ class BrowserAppEnv(Env):
                 raise ValueError(f"env 'browser_app': option {key!r} must be >= {low}, got {options[key]!r}")
         if "apps" in options:
             resolve_apps(options["apps"])
+        if options.get("invalid", "retry") not in ("retry", "end"):
+            raise ValueError(
+                f"env 'browser_app': option 'invalid' must be 'retry' or 'end', got {options['invalid']!r}"
+            )
 
     # -- the episode --------------------------------------------------------------------------------------------
 
@@ -486,8 +495,10 @@ class BrowserAppEnv(Env):
             "blocked_requests": self.blocked_requests,
             "point": None,
         }
-        if self.steps >= self.max_steps:
-            return StepResult(None, 0.0, True, info | {"reason": "max_steps"})
+        if self.end_on_invalid or self.steps >= self.max_steps:
+            return StepResult(
+                None, 0.0, True, info | {"reason": "invalid" if self.end_on_invalid else "max_steps"}
+            )
         text = f"invalid action: {why}; {EXPECTED}. {self._left()}"
         return StepResult(Observation(text=text, images=[], state_key=self.state_key), 0.0, False, info)
 

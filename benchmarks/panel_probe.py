@@ -1,0 +1,136 @@
+"""Can a tiny base model learn which tile a colour word names on a gui_agent panel? (issue 20: why the tiny GUI
+agent recipe did not learn.) The panel counterpart of ``grounding_probe.py``.
+
+Supervised, single-turn, from ``--model``: a screen of a ``panel`` app (:mod:`mmrl.recipes.gui_agent.apps`) drawn
+by the ``browser_app`` env in the sandboxed Chromium, the task's prompt (``PROMPT`` of
+:mod:`mmrl.recipes.gui_agent.data`), and as the answer the oracle's next click written as the model writes it (its
+own coordinate frame, :mod:`mmrl.families`). ``--at first``: the first screen; ``--at any``: the screen after a
+random number of the oracle's presses (the header's trail then says how far the task is). The model trains on
+``--n`` records (AdamW, batch 32) and is scored every 100 steps on 200 held-out apps by picking the likeliest of the
+screen's candidate clicks (the centre of every tile and of Done, measured in the page): chance is 1 / (tiles + 1),
+about 0.18. Last line: ``<model> panel <at> @<pixels>px: held-out accuracy X at step N (best Y at step M)``.
+
+    OMP_NUM_THREADS=1 python benchmarks/panel_probe.py --model assets/tiny-qwen2.5-vl --pixels 9408
+    OMP_NUM_THREADS=1 python benchmarks/panel_probe.py --model assets/tiny-qwen3_vl --pixels 12288
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from mmrl.config import ModelConfig
+from mmrl.envs.browser import _MEASURE_JS, BrowserAppEnv, action_response, close_shared_browser
+from mmrl.families import ModelView
+from mmrl.policy import Policy
+from mmrl.recipes.gui_agent.apps import COLOURS
+from mmrl.recipes.gui_agent.data import PROMPT, VIEWPORT
+from mmrl.types import Sample
+
+
+def panel_records(n: int, seed: int, at: str, work: Path) -> list[tuple[str, str, list[list[int]], int]]:
+    """``n`` records ``(image, instruction, candidate points in page pixels, index of the oracle's)``."""
+    rng, out = random.Random(seed), []
+    for i in range(n):
+        env = BrowserAppEnv(workdir=work / f"e{i}", max_steps=20, check_first_image=False)
+        try:
+            sample = Sample(f"p{i}", [], metadata={"app": "panel", "seed": seed * 1_000_000 + i})
+            obs = env.reset(sample)
+            shot = obs.images[0]
+            k = 0 if at == "first" else rng.randint(0, len(env.app.goal["pressed"]))
+            for _ in range(k):
+                action = env.oracle_action()
+                if action is None:
+                    break
+                res = env.step(action_response(action, "original_pixels", VIEWPORT, VIEWPORT))
+                if res.done:
+                    break
+                shot = res.observation.images[0]
+            action = env.oracle_action()
+            if action is None or action["action"] != "click":
+                continue
+            points = []
+            for ui in [f"tile-{c}" for c in sorted(COLOURS)] + ["done"]:
+                where = env.page.evaluate(_MEASURE_JS, ui)
+                if where is not None:
+                    points.append([round(where["x"]), round(where["y"])])
+            label = points.index(list(action["coordinate"]))
+            keep = work / f"r{i}.png"
+            keep.write_bytes(Path(shot).read_bytes())
+            out.append((str(keep), env.app.instruction, points, label))
+        finally:
+            env.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="assets/tiny-qwen2.5-vl")
+    ap.add_argument("--pixels", type=int, default=9408, help="max_pixels (min_pixels 3136)")
+    ap.add_argument("--at", choices=("first", "any"), default="first")
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.manual_seed(args.seed)
+    policy = Policy.from_pretrained(ModelConfig(path=args.model, min_pixels=3136, max_pixels=args.pixels))
+    view, tok = ModelView.of_model(policy.cfg), policy.tokenizer
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    work = Path(tempfile.mkdtemp(prefix="panel-probe-"))
+    t0 = time.time()
+    raw = panel_records(args.n + 200, args.seed, args.at, work)
+    close_shared_browser()
+    print(f"{len(raw)} records in {time.time() - t0:.0f} s", flush=True)
+    model_size = view.model_size(*VIEWPORT)
+
+    def answer(point: list[int]) -> list[int]:
+        text = action_response({"action": "click", "coordinate": point}, view.frame, VIEWPORT, model_size)
+        return tok(text, add_special_tokens=False)["input_ids"] + [end]
+
+    records = []
+    for i, (image, instruction, points, label) in enumerate(raw):
+        content = [{"type": "image"}, {"type": "text", "text": PROMPT.format(instruction=instruction)[7:]}]
+        enc = policy.encode(Sample(str(i), [{"role": "user", "content": content}], images=[image]))
+        records.append((enc, [answer(p) for p in points], label))
+    train, held = records[: len(records) - 200], records[len(records) - 200 :]
+    opt = torch.optim.AdamW(policy.model.parameters(), lr=args.lr)
+
+    def held_out() -> float:
+        policy.model.eval()
+        right = 0
+        with torch.no_grad():
+            for enc, cands, label in held:
+                nll = [policy.sequence_nll([enc], [c]).item() for c in cands]
+                right += int(min(range(len(cands)), key=nll.__getitem__) == label)
+        policy.model.train()
+        return right / len(held)
+
+    chance = sum(1 / len(c) for _, c, _ in held) / len(held)
+    print(f"chance {chance:.3f}", flush=True)
+    best, acc = (0.0, 0), 0.0
+    for step in range(args.steps + 1):
+        if step % 100 == 0:
+            acc = held_out()
+            best = max(best, (acc, step))
+            print(f"step {step}: held-out accuracy {acc:.3f} ({time.time() - t0:.0f} s)", flush=True)
+        if step == args.steps:
+            break
+        idx = random.Random(step).sample(range(len(train)), 32)
+        loss = policy.sequence_nll([train[i][0] for i in idx], [train[i][1][train[i][2]] for i in idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(
+        f"{Path(args.model).name} panel {args.at} @{args.pixels}px: held-out accuracy {acc:.3f} at step "
+        f"{args.steps} (best {best[0]:.3f} at step {best[1]}; chance {chance:.3f})"
+    )
+
+
+if __name__ == "__main__":
+    main()
