@@ -8,7 +8,7 @@ own coordinate frame, :mod:`mmrl.families`). ``--at first``: the first screen; `
 random number of the oracle's presses (the header's trail then says how far the task is). The model trains on
 ``--n`` records (AdamW, batch 32) and is scored every 100 steps on 200 held-out apps by picking the likeliest of the
 screen's candidate clicks (the centre of every tile and of Done, measured in the page): chance is 1 / (tiles + 1),
-about 0.18. Last line: ``<model> panel <at> @<pixels>px: held-out accuracy X at step N (best Y at step M)``.
+about 0.18. ``--kind panel_cue``: the page marks the next control (the tiny recipe's world). Last line: ``<model> <kind> <at> @<pixels>px: held-out accuracy X at step N (best Y at step M)``.
 
     OMP_NUM_THREADS=1 python benchmarks/panel_probe.py --model assets/tiny-qwen2.5-vl --pixels 9408
     OMP_NUM_THREADS=1 python benchmarks/panel_probe.py --model assets/tiny-qwen3_vl --pixels 12288
@@ -33,13 +33,15 @@ from mmrl.recipes.gui_agent.data import PROMPT, VIEWPORT
 from mmrl.types import Sample
 
 
-def panel_records(n: int, seed: int, at: str, work: Path) -> list[tuple[str, str, list[list[int]], int]]:
+def panel_records(
+    n: int, seed: int, at: str, work: Path, kind: str = "panel"
+) -> list[tuple[str, str, list[list[int]], int]]:
     """``n`` records ``(image, instruction, candidate points in page pixels, index of the oracle's)``."""
     rng, out = random.Random(seed), []
     for i in range(n):
         env = BrowserAppEnv(workdir=work / f"e{i}", max_steps=20, check_first_image=False)
         try:
-            sample = Sample(f"p{i}", [], metadata={"app": "panel", "seed": seed * 1_000_000 + i})
+            sample = Sample(f"p{i}", [], metadata={"app": kind, "seed": seed * 1_000_000 + i})
             obs = env.reset(sample)
             shot = obs.images[0]
             k = 0 if at == "first" else rng.randint(0, len(env.app.goal["pressed"]))
@@ -73,6 +75,9 @@ def main() -> None:
     ap.add_argument("--model", default="assets/tiny-qwen2.5-vl")
     ap.add_argument("--pixels", type=int, default=9408, help="max_pixels (min_pixels 3136)")
     ap.add_argument("--at", choices=("first", "any"), default="first")
+    ap.add_argument(
+        "--kind", choices=("panel", "panel_cue"), default="panel", help="panel_cue: the next control marked"
+    )
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -84,7 +89,7 @@ def main() -> None:
     end = tok.convert_tokens_to_ids("<|im_end|>")
     work = Path(tempfile.mkdtemp(prefix="panel-probe-"))
     t0 = time.time()
-    raw = panel_records(args.n + 200, args.seed, args.at, work)
+    raw = panel_records(args.n + 200, args.seed, args.at, work, args.kind)
     close_shared_browser()
     print(f"{len(raw)} records in {time.time() - t0:.0f} s", flush=True)
     model_size = view.model_size(*VIEWPORT)
@@ -127,7 +132,7 @@ def main() -> None:
         loss.backward()
         opt.step()
     print(
-        f"{Path(args.model).name} panel {args.at} @{args.pixels}px: held-out accuracy {acc:.3f} at step "
+        f"{Path(args.model).name} {args.kind} {args.at} @{args.pixels}px: held-out accuracy {acc:.3f} at step "
         f"{args.steps} (best {best[0]:.3f} at step {best[1]}; chance {chance:.3f})"
     )
 

@@ -2,7 +2,8 @@
 position, not text. Its generator (fixed colours, layouts that move every tile per press, the oracle over states),
 then through real Chromium: the oracle solves it with every click on its target, the tiles are large and drawn in
 their colours, they move after a press, a wrong tile or an early Done cannot succeed, and the data builder writes
-panel records and single-screen SFT demos."""
+panel records and single-screen SFT demos. ``panel_cue`` (the tiny recipe's kind): the page marks the oracle's next
+control on every screen, clicks through the mark reach it, and no mark is shown once the task cannot be met."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from PIL import Image
 
 from mmrl.envs.browser import BrowserAppEnv, close_shared_browser
-from mmrl.recipes.gui_agent.apps import COLOURS, KINDS, TINY_KINDS, make_app
+from mmrl.recipes.gui_agent.apps import BUILDERS, COLOURS, KINDS, TINY_KINDS, make_app
 from mmrl.recipes.gui_agent.data import build, build_tiny_panel
 from mmrl.types import Sample
 
@@ -54,12 +55,10 @@ def make_env(tmp_path: Path):
         pytest.fail("/usr/bin/chromium is not installed: run bash scripts/setup.sh")
     envs: list[BrowserAppEnv] = []
 
-    def make(seed: int, **options) -> BrowserAppEnv:
+    def make(seed: int, kind: str = "panel", **options) -> BrowserAppEnv:
         env = BrowserAppEnv(workdir=tmp_path / f"ep{len(envs)}", **options)
         envs.append(env)
-        env.first = env.reset(
-            Sample(id=f"panel-{seed}", messages=[], metadata={"app": "panel", "seed": seed})
-        )
+        env.first = env.reset(Sample(id=f"panel-{seed}", messages=[], metadata={"app": kind, "seed": seed}))
         return env
 
     yield make
@@ -86,7 +85,7 @@ def _pixel(png: str, x: float, y: float) -> np.ndarray:
 
 
 def test_panel_is_a_tiny_kind_with_fixed_colours_and_moving_layouts():
-    assert "panel" in TINY_KINDS and "panel" not in KINDS
+    assert TINY_KINDS == ("panel_cue",) and "panel" not in KINDS and "panel" in BUILDERS
     seen = {"cols": set(), "n": set(), "seq": set(), "place": set()}
     for seed in range(200):
         app = make_app("panel", seed)
@@ -129,6 +128,16 @@ def test_the_panel_oracle_follows_the_sequence_and_gives_up_when_it_cannot_be_me
         assert app.oracle(_press(app.initial, f"tile-{wrong['id']}")) is None
         early = _press(app.initial, "done")
         assert app.oracle(early) is None and not app.success(early)
+
+
+def test_panel_cue_is_the_panel_with_its_task_sequence_for_the_page():
+    for seed in range(50):
+        app = make_app("panel_cue", seed)
+        cfg = json.loads(app.html.split("id='cfg'>")[1].split("</script>")[0])
+        assert cfg["cue"] == app.goal["pressed"] and cfg["kind"] == "panel_cue"
+        assert "cue" not in json.loads(
+            make_app("panel", seed).html.split("id='cfg'>")[1].split("</script>")[0]
+        )
 
 
 # ------------------------------------------------------------------------------------------------- Chromium
@@ -206,6 +215,41 @@ def test_a_wrong_tile_or_an_early_done_never_succeeds(make_env):
         assert [r.reward for r in (early, late, last)] == [0.0] * 3 and last.info["reason"] == "max_steps"
 
 
+def _cue(env: BrowserAppEnv) -> dict | None:
+    """The marked control (its data-ui id) and the mark's centre, or None when the page shows no mark."""
+    return env.page.evaluate(
+        "() => { const m = document.querySelectorAll('.cue'); if (m.length !== 1) return m.length ? 'many' : null;"
+        " const r = m[0].getBoundingClientRect();"
+        " return {ui: m[0].closest('[data-ui]').dataset.ui, x: r.left + r.width / 2, y: r.top + r.height / 2}; }"
+    )
+
+
+@chromium
+def test_panel_cue_marks_the_oracles_next_control_on_every_screen(make_env):
+    for seed in SEEDS:
+        env = make_env(seed, "panel_cue")
+        shot, steps = env.first.images[0], 0
+        while env.oracle_action() is not None:
+            cue, target = _cue(env), env.app.oracle(env.state).target
+            assert cue is not None and cue["ui"] == target, (seed, cue, target)
+            # drawn: white at the mark's centre, its black ring 18 px out, on the marked control
+            assert (_pixel(shot, cue["x"], cue["y"]) >= 250).all()
+            assert (_pixel(shot, cue["x"] + 18, cue["y"]) <= 30).all()
+            result = env.step(_answer({"action": "click", "coordinate": [cue["x"], cue["y"]]}))
+            assert result.info["target_hit"] and result.info["hit"], seed  # the mark does not catch the click
+            steps += 1
+            if result.done:
+                break
+            shot = result.observation.images[0]
+        assert result.reward == 1.0 and steps == len(env.app.goal["pressed"]) + 1
+        # a wrong first press: the task cannot be met, and no mark is left to follow
+        env = make_env(seed, "panel_cue", max_steps=4)
+        wrong = next(c for c in _tiles(env) if c != env.app.goal["pressed"][0])
+        b = _tiles(env)[wrong]
+        env.step(_answer({"action": "click", "coordinate": [b["x"], b["y"]]}))
+        assert env.oracle_action() is None and _cue(env) is None
+
+
 def _centre_of_done(env: BrowserAppEnv) -> list[float]:
     return env.page.evaluate(
         "() => { const r = document.querySelector('[data-ui=\"done\"]').getBoundingClientRect();"
@@ -217,7 +261,7 @@ def _centre_of_done(env: BrowserAppEnv) -> list[float]:
 def test_build_tiny_panel_writes_panel_records_and_single_screen_demos(tmp_path):
     paths = build_tiny_panel(tmp_path / "d", n_train=3, n_eval=2, n_sft=3, seed=1)
     train = [json.loads(line) for line in paths["train"].read_text().splitlines()]
-    assert len(train) == 3 and {r["metadata"]["app"] for r in train} == {"panel"}
+    assert len(train) == 3 and {r["metadata"]["app"] for r in train} == {"panel_cue"}
     assert all(r["metadata"]["viewport"] == [W, H] and r["prompt"].count("Done") == 1 for r in train)
     sft = [json.loads(line) for line in paths["sft"].read_text().splitlines()]
     episodes = {r["id"].rsplit("-s", 1)[0] for r in sft}

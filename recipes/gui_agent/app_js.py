@@ -198,11 +198,17 @@ V.panel = () => {
     e.style.gridRow = String(Math.floor(lay[i] / C.cols) + 1);
     return e;
   });
+  // the cue (panel_cue): a mark on the task's next control while the presses so far follow the task
+  const onTrack = C.cue && !P.done && P.pressed.every((id, i) => id === C.cue[i]);
+  const next = !onTrack ? null : P.pressed.length < C.cue.length ? C.cue[P.pressed.length] : "done";
   const grid = el("div", {cls: "pgrid"}, ...tiles);
   grid.style.gridTemplateColumns = "repeat(" + C.cols + ", 1fr)";
   const trail = el("div", {cls: "trail"}, ...P.pressed.slice(-6).map(id => {
     const s = el("span"); s.style.background = rgb(id); return s; }));
   const done = el("div", {ui: "done", cls: "btn pdone", click: () => { P.done = true; }}, C.done_label);
+  if (next !== null) {
+    (next === "done" ? done : tiles[C.tiles.findIndex(t => t.id === next)]).append(el("span", {cls: "cue"}));
+  }
   const inBar = C.done_place === "bar";
   const top = bar(C.title, el("div", {cls: "pright"}, trail, inBar ? done : null));
   top.style.background = C.bar_bg;
@@ -210,6 +216,7 @@ V.panel = () => {
   if (foot) foot.style.justifyContent = C.done_place;
   return [el("div", {cls: "panel"}, top, grid, foot)];
 };
+V.panel_cue = V.panel;
 
 function render() {
   root.replaceChildren(...V[C.kind]());
@@ -287,6 +294,8 @@ p{{margin-top:8px;line-height:1.4}}
 .trail{{display:flex;gap:4px}}
 .trail span{{width:24px;height:24px;border-radius:4px;border:2px solid #fff}}
 .pfoot{{display:flex;padding:0 12px 8px}}
-.btn.pdone{{min-width:150px;height:48px;background:#8d949b;color:#fff;font-size:{title_px}px}}
+.cue{{position:absolute;left:50%;top:50%;width:44px;height:44px;margin:-22px 0 0 -22px;border-radius:50%;
+  background:#fff;border:8px solid #111;box-sizing:border-box;pointer-events:none}}
+.btn.pdone{{position:relative;min-width:150px;height:48px;background:#8d949b;color:#fff;font-size:{title_px}px}}
 .bar .btn.pdone{{min-width:100px;height:{btn_px}px;background:#8d949b;border-color:rgba(255,255,255,.75)}}
 """

@@ -17,6 +17,11 @@ runs them in Chromium).
   4-6 large coloured tiles plus a grey Done button. The task is a sequence ("Press green, then blue, then Done.") and
   the cue is the COLOUR, not text: a model too small to read glyphs can still learn it. Each press re-arranges the
   tiles (:func:`_panel` below), so every step needs a fresh look at the screen.
+- ``panel_cue`` (the tiny recipe's, :data:`TINY_KINDS`): the same panel and task, and the page marks the next
+  control of the task (a white disc ringed in black on the tile, or on Done) as a guided tour does. The tiny bases
+  cannot learn which tile a colour word names (``benchmarks/panel_probe.py``: held-out accuracy at chance after
+  1,000 supervised steps), so their world asks only to find the marked control on a re-arranged screen, press it
+  and stop. A wrong press still ends the task's chance, and no mark is shown after one.
 
 The page is one self-contained HTML string (CSS, the app's JSON state and its script, :mod:`.app_js`; nothing
 external). Layout varies with the seed: palette, font size, button and row heights, corner radius, header order
@@ -44,7 +49,7 @@ from typing import Any
 from mmrl.recipes.gui_agent.app_js import CSS, RUNTIME_JS
 
 KINDS = ("settings", "form", "list", "shop", "mail")  # the GPU recipe's apps
-TINY_KINDS = ("panel",)  # the tiny recipe's: colour and layout, no reading
+TINY_KINDS = ("panel_cue",)  # the tiny recipe's: a marked control to find, no reading
 NUMBERS = ("zero", "one", "two", "three", "four", "five")
 SCROLL_STEP = 150  # px per wheel event (mmrl.envs.browser sends one per scroll action)
 
@@ -595,10 +600,11 @@ PANEL_BARS = ("#263238", "#212121", "#37474f", "#3b3b48", "#2f3d35")  # dark neu
 DONE_PLACES = ("bar", "flex-start", "center", "flex-end")  # in the header bar, or the bottom row's alignment
 
 
-def _panel(rng: random.Random):
+def _panel(rng: random.Random, cue: bool = False):
     """Tiles in a grid of ``cols`` x 2 slots; ``layouts[k]`` gives each tile's slot after ``k`` presses (the page
     shows ``layouts[min(k, n)]``). Every tile changes slot from one layout to the next, so a press always moves
-    the colour just seen. After Done the panel is locked: presses change nothing."""
+    the colour just seen. After Done the panel is locked: presses change nothing. ``cue``: the page marks the
+    task's next control while the presses so far follow the task (module docstring)."""
     cols = rng.choice((2, 3))
     n = 4 if cols == 2 else rng.randint(4, 6)
     ids = rng.sample(sorted(COLOURS), n)
@@ -620,6 +626,8 @@ def _panel(rng: random.Random):
     }
     state = {"page": "panel", "data": {"pressed": [], "done": False}, "ui": {}}
     seq = rng.sample(ids, rng.randint(1, 3))
+    if cue:
+        cfg["cue"] = seq
     verb = rng.choice(("Press", "Tap", "Click"))
     text = f"{verb} " + ", then ".join([*seq, "Done"]) + "."
     goal = {"pressed": seq, "done": True}
@@ -641,4 +649,5 @@ BUILDERS: dict[str, Callable[[random.Random], tuple[dict[str, Any], dict[str, An
     "shop": _shop,
     "mail": _mail,
     "panel": _panel,
+    "panel_cue": lambda rng: _panel(rng, cue=True),
 }
