@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 from PIL import Image
+from probe_loop import train_probe
 
 from mmrl.config import ModelConfig
 from mmrl.families import ModelView
@@ -93,31 +94,8 @@ def main() -> None:
         sample = Sample(str(i), [{"role": "user", "content": content}], images=[str(path)])
         records.append((policy.encode(sample), q if args.question == "where" else COLOURS.index(colour)))
     targets = [tok(a, add_special_tokens=False)["input_ids"] + [end] for a in answers]
-    opt = torch.optim.AdamW(policy.model.parameters(), lr=args.lr)
-
-    def held_out() -> float:
-        policy.model.eval()
-        right = 0
-        with torch.no_grad():
-            for enc, label in records[args.n :]:
-                nll = [policy.sequence_nll([enc], [t]).item() for t in targets]
-                right += int(min(range(len(targets)), key=nll.__getitem__) == label)
-        policy.model.train()
-        return right / 200
-
-    t0, best, acc = time.time(), (0.0, 0), 0.0
-    for step in range(args.steps + 1):
-        if step % 100 == 0:
-            acc = held_out()
-            best = max(best, (acc, step))
-            print(f"step {step}: held-out accuracy {acc:.3f} ({time.time() - t0:.0f} s)", flush=True)
-        if step == args.steps:
-            break
-        idx = random.Random(step).sample(range(args.n), 32)
-        loss = policy.sequence_nll([records[i][0] for i in idx], [targets[records[i][1]] for i in idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    records = [(enc, targets, label) for enc, label in records]
+    acc, best = train_probe(policy, records[: args.n], records[args.n :], args.steps, args.lr, time.time())
     print(
         f"{Path(args.model).name} {args.question} {args.view} @{args.pixels}px ({args.scene} scenes, dot {args.dot}): "
         f"held-out accuracy {acc:.3f} at step {args.steps} (best {best[0]:.3f} at step {best[1]})"

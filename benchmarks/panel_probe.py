@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from probe_loop import train_probe
 
 from mmrl.config import ModelConfig
 from mmrl.envs.browser import _MEASURE_JS, BrowserAppEnv, action_response, close_shared_browser
@@ -104,33 +105,9 @@ def main() -> None:
         enc = policy.encode(Sample(str(i), [{"role": "user", "content": content}], images=[image]))
         records.append((enc, [answer(p) for p in points], label))
     train, held = records[: len(records) - 200], records[len(records) - 200 :]
-    opt = torch.optim.AdamW(policy.model.parameters(), lr=args.lr)
-
-    def held_out() -> float:
-        policy.model.eval()
-        right = 0
-        with torch.no_grad():
-            for enc, cands, label in held:
-                nll = [policy.sequence_nll([enc], [c]).item() for c in cands]
-                right += int(min(range(len(cands)), key=nll.__getitem__) == label)
-        policy.model.train()
-        return right / len(held)
-
     chance = sum(1 / len(c) for _, c, _ in held) / len(held)
     print(f"chance {chance:.3f}", flush=True)
-    best, acc = (0.0, 0), 0.0
-    for step in range(args.steps + 1):
-        if step % 100 == 0:
-            acc = held_out()
-            best = max(best, (acc, step))
-            print(f"step {step}: held-out accuracy {acc:.3f} ({time.time() - t0:.0f} s)", flush=True)
-        if step == args.steps:
-            break
-        idx = random.Random(step).sample(range(len(train)), 32)
-        loss = policy.sequence_nll([train[i][0] for i in idx], [train[i][1][train[i][2]] for i in idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    acc, best = train_probe(policy, train, held, args.steps, args.lr, t0)
     print(
         f"{Path(args.model).name} {args.kind} {args.at} @{args.pixels}px: held-out accuracy {acc:.3f} at step "
         f"{args.steps} (best {best[0]:.3f} at step {best[1]}; chance {chance:.3f})"
