@@ -28,9 +28,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import torch
 from PIL import Image
-from probe_loop import train_probe
+from probe_loop import train_probe, training_options
 
 from mmrl.config import ModelConfig
 from mmrl.families import ModelView
@@ -58,12 +57,7 @@ def main() -> None:
     ap.add_argument("--box", type=int, default=MARK.mark_box)
     ap.add_argument("--scene", choices=("mark", "plain"), default="mark")
     ap.add_argument("--dot", type=int, default=MARK.mark_dot)
-    ap.add_argument("--n", type=int, default=1000)
-    ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    torch.manual_seed(args.seed)
+    args = training_options(ap)
     policy = Policy.from_pretrained(
         ModelConfig(path=args.model, min_pixels=args.pixels, max_pixels=args.pixels)
     )

@@ -22,8 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-from probe_loop import train_probe
+from probe_loop import train_probe, training_options
 
 from mmrl.config import ModelConfig
 from mmrl.envs.browser import _MEASURE_JS, BrowserAppEnv, action_response, close_shared_browser
@@ -79,12 +78,7 @@ def main() -> None:
     ap.add_argument(
         "--kind", choices=("panel", "panel_cue"), default="panel", help="panel_cue: the next control marked"
     )
-    ap.add_argument("--n", type=int, default=1000)
-    ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    torch.manual_seed(args.seed)
+    args = training_options(ap)
     policy = Policy.from_pretrained(ModelConfig(path=args.model, min_pixels=3136, max_pixels=args.pixels))
     view, tok = ModelView.of_model(policy.cfg), policy.tokenizer
     end = tok.convert_tokens_to_ids("<|im_end|>")

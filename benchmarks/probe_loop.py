@@ -4,6 +4,7 @@ score the held-out records by picking the likeliest candidate (a ranking, so the
 
 from __future__ import annotations
 
+import argparse
 import random
 import time
 from typing import Any
@@ -11,6 +12,17 @@ from typing import Any
 import torch
 
 Record = tuple[Any, list[list[int]], int]
+
+
+def training_options(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    """Add the options every probe takes (records, steps, learning rate, seed), parse, and seed torch."""
+    ap.add_argument("--n", type=int, default=1000, help="training records (200 more are held out)")
+    ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.manual_seed(args.seed)
+    return args
 
 
 def held_out_accuracy(policy: Any, held: list[Record]) -> float:
