@@ -197,7 +197,12 @@ class Trainer:
                     with self.stage("sync_weights"):
                         self.engine.sync_weights()
                     self.step += 1
-                    metrics = {"step": self.step, **self.step_stats(got), **update_stats, **adv_stats}
+                    metrics = {
+                        "step": self.step,
+                        **self.reward_rollout_stats(got),
+                        **update_stats,
+                        **adv_stats,
+                    }
                     metrics |= self.mismatch
                     self.last_kl = (
                         metrics["kl"] if cfg.algo.kl_coef > 0 else None
@@ -383,8 +388,8 @@ class Trainer:
         batch.advantages, est_stats = self.estimator(inp)
         return stats | est_stats
 
-    def step_stats(self, got: Collected) -> dict[str, float]:
-        """The step's reward, rollout and throughput statistics (:mod:`mmrl.step_stats`)."""
+    def reward_rollout_stats(self, got: Collected) -> dict[str, float]:
+        """The step's reward and rollout statistics (:mod:`mmrl.step_stats`); errors go to reward_errors.jsonl."""
         errors = self.collector.errors
         pool = self.reward.stats() if self.reward is not None else {}
         stats, self._reward_counts = step_stats.reward_stats(got, errors, pool, self._reward_counts)
