@@ -209,6 +209,37 @@ def test_a_wrong_order_in_the_shop_cannot_be_undone(make_env):
 
 
 @chromium
+@pytest.mark.parametrize("seed", [3, 4])
+def test_unreachable_end_stops_at_the_action_that_lost_the_task(make_env, seed):
+    """A wrong tile on a panel cannot be taken back: with ``unreachable: end`` that press ends the episode with 0 and
+    reason ``unreachable``; by default the episode goes on; a right press, and Done too early, behave likewise."""
+    tiles = make_env("panel_cue", seed).page.evaluate(
+        "() => [...document.querySelectorAll(\"[data-ui^='tile-']\")].map(e => e.dataset.ui)"
+    )
+    strict, lenient = (make_env("panel_cue", seed, unreachable=u, max_steps=8) for u in ("end", "continue"))
+    right = strict.app.oracle(strict.state).target
+    wrong = next(t for t in tiles if t != right)
+    first = strict.step(_click(*_centre(strict, right)[:2]))
+    assert not first.done and first.info["target_hit"] and first.reward == 0.0
+    lost = strict.step(_click(*_centre(strict, wrong)[:2]))
+    assert lost.done and lost.observation is None and lost.reward == 0.0
+    assert (
+        lost.info["reason"] == "unreachable"
+        and not lost.info["target_hit"]
+        and strict.oracle_action() is None
+    )
+    go_on = lenient.step(_click(*_centre(lenient, wrong)[:2]))
+    assert not go_on.done and lenient.oracle_action() is None
+    fresh = make_env("panel_cue", seed, unreachable="end")
+    early = fresh.step(_click(*_centre(fresh, "done")[:2]))
+    assert early.done and early.info["reason"] == "unreachable"
+    plan, results = _oracle_run(make_env("panel_cue", seed, unreachable="end"))
+    assert results[-1].info["reason"] == "success" and len(plan) == len(results)
+    with pytest.raises(ValueError, match="option 'unreachable' must be 'continue' or 'end'"):
+        BrowserAppEnv.check_options({"unreachable": "stop"})
+
+
+@chromium
 @pytest.mark.parametrize("frame", ["model_pixels", "relative_1000", "original_pixels"])
 def test_clicks_map_exactly_from_each_frame(make_env, frame):
     env = make_env("settings", 4, frame)  # "In Privacy settings, turn off Ad tracking and turn on Location"
@@ -426,11 +457,43 @@ def test_the_builder_is_deterministic_and_its_first_images_are_the_envs(tmp_path
 
 
 @chromium
-def test_the_browser_is_shared_and_contexts_are_closed(make_env):
-    make_env("list", 0)
+def test_the_browser_is_shared_and_released_pages_are_reused_clean(make_env):
+    """A finished episode's page goes back to the free list at ``about:blank`` (none of its app's globals, in a
+    viewport the next episode re-sizes), the next episode takes it, and its screens and state are exactly a fresh
+    page's; past ``keep`` free pages, released contexts are closed."""
+    close_shared_browser()  # a new browser: no page yet that earlier tests released
     browser = shared_browser()
+    fresh = make_env("mail", 4)
+    assert not browser._free
+    fresh_png, fresh_key = Path(fresh.first.images[0]).read_bytes(), fresh.first.state_key
+    fresh_next = fresh.step(_answer(fresh.oracle_action()))
+    other = BrowserAppEnv(workdir=fresh.workdir.parent / "other")  # another live episode, another viewport
+    other.reset(_sample("settings", 7, viewport=[412, 600]))
+    assert other.page.viewport_size == {"width": 412, "height": 600}
     contexts = len(browser._browser.contexts)
-    env = make_env("list", 1)
-    assert len(browser._browser.contexts) == contexts + 1
-    env.close()
-    assert len(browser._browser.contexts) == contexts and shared_browser() is browser
+    page = fresh.page
+    fresh.close()
+    assert browser._free[-1][1] is page and page.url == "about:blank"
+    assert (
+        page.evaluate("() => typeof window.__state") == "undefined"
+        and len(browser._browser.contexts) == contexts
+    )
+    reused = make_env("mail", 4)
+    assert reused.page is page and shared_browser() is browser and len(browser._browser.contexts) == contexts
+    assert Path(reused.first.images[0]).read_bytes() == fresh_png and reused.first.state_key == fresh_key
+    again = reused.step(_answer(reused.oracle_action()))
+    assert again.observation.state_key == fresh_next.observation.state_key
+    assert (
+        Path(again.observation.images[0]).read_bytes() == Path(fresh_next.observation.images[0]).read_bytes()
+    )
+    keep, browser.keep = browser.keep, len(browser._free)
+    try:
+        reused.close()  # the free list is full: this context is closed, not kept
+        assert len(browser._browser.contexts) == contexts - 1 and page.is_closed()
+    finally:
+        browser.keep = keep
+    other_page = other.page
+    other.close()
+    resized = make_env("mail", 4)  # takes the 412x600 page, sized back to the sample's viewport
+    assert resized.page is other_page and other_page.viewport_size == {"width": W, "height": H}
+    assert Path(resized.first.images[0]).read_bytes() == fresh_png

@@ -12,8 +12,8 @@ at device scale 1, so screenshot pixels are page pixels.
 
 The browser. One Chromium per worker process (:class:`mmrl.rewards.html_sandbox.HtmlRenderer`'s launch: every
 request aborted by a route handler and counted in ``blocked_requests``, the proxy a dead local port, host names
-resolving to nothing, rlimits on every Chromium process) and a fresh context per episode, JavaScript on for the
-app's own script. The page is set from a string, never a URL, so no ``file:`` page exists and Chromium refuses
+resolving to nothing, rlimits on every Chromium process) and a context and page per live episode, reused by the
+next episode after a navigation to ``about:blank`` (:class:`AppBrowser`), JavaScript on for the app's own script. The page is set from a string, never a URL, so no ``file:`` page exists and Chromium refuses
 ``file:`` loads from it. Typed text is untrusted: it only reaches the page through key events into the focused text
 field, and the app shows text from its state as text nodes only, so markup or URLs typed stay text.
 
@@ -46,7 +46,8 @@ what was wrong and shows no new image; the state is unchanged. ``open_app`` is u
 
 Steps. After each action the env waits for the app's re-render (two animation frames), reads the state, and
 screenshots the viewport (``step-NN.png`` in the episode's folder). The episode ends with reward 1 as soon as the
-task's success predicate holds over the state, or with reward 0 at ``max_steps`` actions (invalid ones count).
+task's success predicate holds over the state, or with reward 0 at ``max_steps`` actions (invalid ones count), or
+(option ``unreachable: end``) right after an action the app's oracle cannot finish the task from.
 With ``step_reward`` > 0 every step whose action was the oracle's next one (``target_hit``) earns that much on top
 (a process reward the world's oracle can give: dense per-step credit for a model whose episodes rarely succeed).
 
@@ -215,30 +216,82 @@ def resolve_apps(ref: str) -> Callable[[str, int], Any]:
 
 
 class AppBrowser(HtmlRenderer):
-    """The process's Chromium for the apps: :class:`HtmlRenderer`'s launch and limits, a fresh context per
-    episode (JavaScript on, every request aborted by ``route``)."""
+    """The process's Chromium for the apps: :class:`HtmlRenderer`'s launch and limits, a context and page per live
+    episode (JavaScript on, every request aborted by the route handler of the episode that holds the page).
+
+    Pages are reused. Opening a page costs Chromium a new renderer process: about 0.2 s of the 0.45 s an episode's
+    reset took on the 2-core machine, and the CPU for it (``benchmarks/env_reset.py``). So a released episode's page
+    goes to a free list (at most :attr:`keep`), navigated at once to ``about:blank``: a new document and window, so
+    none of the last app's script, timers, listeners, globals or focus survives, and its opaque origin keeps no
+    storage (the apps are set from strings, so they have none either). The next episode takes it, sizes its
+    viewport and routes its requests to its own handler. A page that fails any of this is closed, never reused;
+    the free list dies with the browser (a relaunch starts empty)."""
+
+    keep = 32  # free pages kept per process: one per episode a worker holds at once is enough
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._free: list[tuple[Any, Any, list]] = []
+        self._live: dict[int, tuple[Any, Any, list]] = {}  # id(context) -> (context, page, [route handler])
 
     def open(self, viewport: tuple[int, int], route: Callable[[Any], None]) -> tuple[Any, Any]:
-        """A new context and page of ``viewport`` ``(w, h)`` at device scale 1; (re)launches Chromium if needed."""
+        """A context and page of ``viewport`` ``(w, h)`` at device scale 1, reused when one is free; (re)launches
+        Chromium if needed."""
         if self._pw is None:
             self._launch()
         elif self._browser is None or self._browser_dead or not self._browser.is_connected():
             self._relaunch()
+        size = {"width": viewport[0], "height": viewport[1]}
+        while self._free:
+            held = self._free.pop()
+            try:
+                held[1].set_viewport_size(size)
+            except Exception:
+                self._close(held[0])
+                continue
+            held[2][0] = route
+            self._live[id(held[0])] = held
+            return held[0], held[1]
         context = self._browser.new_context(
-            viewport={"width": viewport[0], "height": viewport[1]},
+            viewport=size,
             device_scale_factor=1,
             java_script_enabled=True,
             service_workers="block",
             accept_downloads=False,
             reduced_motion="reduce",
         )
-        context.route("**/*", route)
-        return context, context.new_page()
+        handler = [route]
+        context.route("**/*", lambda request: handler[0](request))
+        held = (context, context.new_page(), handler)
+        self._live[id(context)] = held
+        return held[0], held[1]
 
     def close_context(self, context: Any) -> None:
-        """Close ``context``; the browser is killed (and relaunched for the next episode) if that hangs."""
+        """Release ``context``: its page goes back to the free list after a navigation to ``about:blank``, or the
+        context is closed (the browser is killed, and relaunched for the next episode, if that hangs)."""
+        held = self._live.pop(id(context), None)
+        if held is None or len(self._free) >= self.keep or self._browser_dead:
+            self._close(context)
+            return
+        held[2][0] = _refuse
+        if self._guarded(lambda: held[1].goto("about:blank", timeout=self.close_timeout_s * 1000)):
+            self._free.append(held)
+        else:
+            self._close(context)
+
+    def close(self) -> None:
+        self._free.clear()
+        self._live.clear()
+        super().close()
+
+    def _close(self, context: Any) -> None:
         if not self._guarded(context.close):
             self._browser_dead = True
+
+
+def _refuse(route: Any) -> None:
+    """A free page's route handler: nothing loads while no episode holds the page."""
+    route.abort()
 
 
 _shared: AppBrowser | None = None
@@ -273,7 +326,11 @@ class BrowserAppEnv(Env):
     ``step_reward`` (added to a step's reward when the action was the oracle's next one: a process reward from the
     world's own oracle, 0 by default), ``invalid`` (``retry``: a malformed action is told what was wrong and uses
     a step; ``end``: it ends the episode with reward 0 and ``info["reason"] = "invalid"``, so a policy cannot stall
-    on malformed actions to keep a later chance open)."""
+    on malformed actions to keep a later chance open), ``unreachable`` (``continue``: the episode goes on to
+    ``max_steps`` after the task became impossible; ``end``: it ends after the action that made the task impossible,
+    by the app's oracle (a wrong tile pressed, Done too early, a wrong order checked out), with
+    ``info["reason"] = "unreachable"``, so no actions are sampled, trained or counted on a screen where nothing can
+    be right)."""
 
     deterministic = True
     points_on_latest_image = True  # clicks on the latest screenshot, mapped with the first one's model size
@@ -289,6 +346,7 @@ class BrowserAppEnv(Env):
         timeout_ms: int = 10_000,
         step_reward: float = 0.0,
         invalid: str = "retry",
+        unreachable: str = "continue",
     ) -> None:
         super().__init__(workdir=workdir)
         options = {
@@ -298,12 +356,14 @@ class BrowserAppEnv(Env):
             "step_reward": step_reward,
             "apps": apps,
             "invalid": invalid,
+            "unreachable": unreachable,
         }
         self.check_options(options)
         self.max_steps, self.max_text_chars, self.timeout_ms = max_steps, max_text_chars, timeout_ms
         self.check_first_image, self.make_app = check_first_image, resolve_apps(apps)
         self.step_reward = float(step_reward)
         self.end_on_invalid = invalid == "end"
+        self.end_unreachable = unreachable == "end"
         self.context = self.page = None
         self.steps = self.blocked_requests = 0
         self.state: dict[str, Any] = {}
@@ -319,6 +379,11 @@ class BrowserAppEnv(Env):
         if options.get("invalid", "retry") not in ("retry", "end"):
             raise ValueError(
                 f"env 'browser_app': option 'invalid' must be 'retry' or 'end', got {options['invalid']!r}"
+            )
+        if options.get("unreachable", "continue") not in ("continue", "end"):
+            raise ValueError(
+                "env 'browser_app': option 'unreachable' must be 'continue' or 'end', "
+                f"got {options['unreachable']!r}"
             )
 
     # -- the episode --------------------------------------------------------------------------------------------
@@ -386,8 +451,9 @@ class BrowserAppEnv(Env):
             "blocked_requests": self.blocked_requests,
             "point": None if point is None else [float(point[0]), float(point[1])],
         }
-        if success or self.steps >= self.max_steps:
-            info["reason"] = "success" if success else "max_steps"
+        lost = not success and self.end_unreachable and self.app.oracle(self.state) is None
+        if success or lost or self.steps >= self.max_steps:
+            info["reason"] = "success" if success else "unreachable" if lost else "max_steps"
             return StepResult(None, float(success) + self._progress(info), True, info)
         png = self._shoot()
         text = f"{note}{self._left()}"
