@@ -227,7 +227,10 @@ class AppBrowser(HtmlRenderer):
     viewport and routes its requests to its own handler. A page that fails any of this is closed, never reused;
     the free list dies with the browser (a relaunch starts empty)."""
 
-    keep = 32  # free pages kept per process: one per episode a worker holds at once is enough
+    # Free pages kept per process. An idle page holds about 35 MB (two renderer processes of ~18 MB unshared
+    # memory each, measured), and a run keeps its evaluation pool's pages too: 16 per worker bounds what idle pools
+    # hold while a worker's next 16 resets still skip the renderer start.
+    keep = 16
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

@@ -173,8 +173,8 @@ def build_tiny(folder: str | Path, *, n_train: int = 200, n_eval: int = 50, n_sf
 def build_tiny_panel(
     folder: str | Path, *, n_train: int = 400, n_eval: int = 100, n_sft: int = 0, seed: int = 0
 ) -> dict[str, Path]:
-    """The tiny recipe's build: only ``panel`` apps (:data:`.apps.TINY_KINDS`, tasks cued by colour and layout,
-    which a model too small to read text can learn), the default viewport, SFT answers in page pixels."""
+    """The tiny recipe's build: only :data:`.apps.TINY_KINDS` apps (``panel_cue``: the page marks the next control,
+    which a model too small to read text can learn to find), the default viewport, SFT answers in page pixels."""
     return build(folder, n_train=n_train, n_eval=n_eval, n_sft=n_sft, seed=seed, kinds=TINY_KINDS)
 
 
