@@ -219,18 +219,21 @@ class AppBrowser(HtmlRenderer):
     """The process's Chromium for the apps: :class:`HtmlRenderer`'s launch and limits, a context and page per live
     episode (JavaScript on, every request aborted by the route handler of the episode that holds the page).
 
-    Pages are reused. Opening a page costs Chromium a new renderer process: about 0.2 s of the 0.45 s an episode's
-    reset took on the 2-core machine, and the CPU for it (``benchmarks/env_reset.py``). So a released episode's page
+    Pages are reused. Opening a page costs Chromium a new renderer process: an episode's reset took 211 ms with a
+    new page and 69 ms with a reused one, and its CPU time (Chromium's included) 170 ms against 104 ms, on the
+    2-core machine (``benchmarks/env_reset.py``). So a released episode's page
     goes to a free list (at most :attr:`keep`), navigated at once to ``about:blank``: a new document and window, so
     none of the last app's script, timers, listeners, globals or focus survives, and its opaque origin keeps no
     storage (the apps are set from strings, so they have none either). The next episode takes it, sizes its
     viewport and routes its requests to its own handler. A page that fails any of this is closed, never reused;
     the free list dies with the browser (a relaunch starts empty)."""
 
-    # Free pages kept per process. An idle page holds about 35 MB (two renderer processes of ~18 MB unshared
-    # memory each, measured), and a run keeps its evaluation pool's pages too: 16 per worker bounds what idle pools
-    # hold while a worker's next 16 resets still skip the renderer start.
-    keep = 16
+    # Free pages kept per process: a worker of the tiny gui_agent recipe holds 32 episodes at once (8 x 8 over 2
+    # workers); with 16 kept, half its resets open new pages (runs of that recipe from two warm starts took about
+    # 20 s a step with 16 and 11 s with 32, on the 2-core machine alone; not a controlled comparison). An idle
+    # page holds about 35 MB (two renderer processes of ~18 MB unshared memory each, measured), and the evaluation
+    # pool's workers keep theirs too, so a run's idle pages are at most 32 x 35 MB per env worker.
+    keep = 32
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
