@@ -210,7 +210,10 @@ def write_report(output_dir: str | Path, gallery_steps: int = GALLERY_STEPS) -> 
     groups = gallery(rollouts, out, _model_view(config), gallery_steps, names if config else None)
     rel = [Path(p).relative_to(out).as_posix() for p in [summary["plot"], *summary["plots"]]]
     table = [(k, _fmt(v)) for k, v in summary.items() if k not in ("plot", "plots")]
+    env = (config.get("rollout") or {}).get("env")
     table += [("rewards", ", ".join(str(r.get("name")) for r in config.get("rewards") or []) or "?")]
+    if env:  # an env's own reward (the env's return), beside any reward functions
+        table[-1] = ("rewards", f"env {env}" + (f", {table[-1][1]}" if table[-1][1] != "?" else ""))
     table += [("model", str((config.get("model") or {}).get("path", "?")))]
     page = render_page(
         out.name, table, rel, groups, len({g.step for g in groups}), len({r.get("step") for r in rollouts})

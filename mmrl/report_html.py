@@ -107,7 +107,7 @@ class GroupView:
     position: int
     id: str
     prompt: str
-    answer: str
+    answer: str | None  # None: the record has no reference (an env judges it)
     images: list[tuple[str, str]]  # (data URI or "", caption)
     responses: list[ResponseView]
     mean_reward: float | None
@@ -402,7 +402,7 @@ def group_view(
         position=position,
         id=sid,
         prompt=str(row.get("prompt") or ""),
-        answer=answer if isinstance(answer, str) else json.dumps(answer),
+        answer=None if answer is None else answer if isinstance(answer, str) else json.dumps(answer),
         images=images,
         responses=responses,
         mean_reward=sum(scores) / len(scores) if scores else None,
@@ -469,7 +469,7 @@ latest first.</p>
 <div class="inputs">{% for uri, path in g.images %}{% if uri %}<img src="{{ uri }}" alt="input image"
  title="{{ path }}">{% else %}<span class="bad">image not found: {{ path }}</span>{% endif %}{% endfor %}</div>
 <p><b>prompt</b></p><pre>{{ g.prompt }}</pre>
-<p><b>answer</b></p><pre>{{ g.answer }}</pre>
+{% if g.answer is not none %}<p><b>answer</b></p><pre>{{ g.answer }}</pre>{% endif %}
 <table><tr><th>#</th><th>reward</th><th>parts</th><th>response</th>
 {% if g.shows_inputs_seen %}<th>what the reward saw</th>{% endif %}</tr>
 {% for r in g.responses %}<tr>

@@ -536,6 +536,22 @@ def test_episode_strips_show_each_turn_on_the_screen_it_acted_on(tmp_path):
     assert "end: max_turns" in strips[3][1] and "turn 0&#39;s image, not acted on" in strips[3][1]
 
 
+def test_an_env_judged_run_names_its_env_and_shows_no_empty_reference(tmp_path):
+    """A gui_agent run: no reward functions (the env's return is the reward) and records with no reference answer.
+    The summary names the env rather than "?", and a group without a reference shows no "answer: null" block."""
+    run = _episode_run(tmp_path)
+    (run / "config.json").write_text(json.dumps({"model": {"path": "x"}, "rollout": {"env": "browser_app"}}))
+    rows = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    rows[0]["answer"] = None
+    (run / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_report(run)
+    html = (run / "report.html").read_text()
+    assert "<th>rewards</th><td>env browser_app</td>" in html
+    groups = html.split('<div class="group">')[1:]
+    assert [("<b>answer</b>" in g) for g in groups] == [False, True]
+    assert "<pre>42</pre>" in groups[1] and "<pre>null</pre>" not in html
+
+
 @pytest.mark.chromium
 def test_episode_strips_in_a_browser(tmp_path):
     run = _episode_run(tmp_path)
