@@ -1,6 +1,7 @@
 """The multi-turn tiny recipes over seeds (issue 20): does GiGPO raise held-out success and per-step correctness from
 the shipped warm start? ``zoom`` (recipes/zoom/tiny.yaml: zoom on the red box, then name the dot's colour) or
-``gui_agent`` (recipes/gui_agent/tiny.yaml: press coloured tiles in order, then Done, in Chromium).
+``gui_agent`` (recipes/gui_agent/tiny.yaml: press the tile the page marks, again on the re-arranged screen, then
+Done, in Chromium).
 
 Each run is the recipe unchanged but for ``train.seed`` (and, with ``--steps``, its length). Per seed it prints,
 before step 1 and after the last step, on the recipe's held-out tasks (greedy episodes, the validator's):

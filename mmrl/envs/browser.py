@@ -13,8 +13,9 @@ at device scale 1, so screenshot pixels are page pixels.
 The browser. One Chromium per worker process (:class:`mmrl.rewards.html_sandbox.HtmlRenderer`'s launch: every
 request aborted by a route handler and counted in ``blocked_requests``, the proxy a dead local port, host names
 resolving to nothing, rlimits on every Chromium process) and a context and page per live episode, reused by the
-next episode after a navigation to ``about:blank`` (:class:`AppBrowser`), JavaScript on for the app's own script. The page is set from a string, never a URL, so no ``file:`` page exists and Chromium refuses
-``file:`` loads from it. Typed text is untrusted: it only reaches the page through key events into the focused text
+next episode after a navigation to ``about:blank`` (:class:`AppBrowser`), JavaScript on for the app's own script.
+The page is set from a string, never a URL, so no ``file:`` page exists and Chromium refuses ``file:`` loads from
+it. Typed text is untrusted: it only reaches the page through key events into the focused text
 field, and the app shows text from its state as text nodes only, so markup or URLs typed stay text.
 
 The first observation. The data builder (:mod:`mmrl.recipes.gui_agent.data`) pre-renders the first screenshot into
@@ -221,11 +222,11 @@ class AppBrowser(HtmlRenderer):
 
     Pages are reused. Opening a page costs Chromium a new renderer process: an episode's reset took 211 ms with a
     new page and 69 ms with a reused one, and its CPU time (Chromium's included) 170 ms against 104 ms, on the
-    2-core machine (``benchmarks/env_reset.py``). So a released episode's page
-    goes to a free list (at most :attr:`keep`), navigated at once to ``about:blank``: a new document and window, so
-    none of the last app's script, timers, listeners, globals or focus survives, and its opaque origin keeps no
-    storage (the apps are set from strings, so they have none either). The next episode takes it, sizes its
-    viewport and routes its requests to its own handler. A page that fails any of this is closed, never reused;
+    2-core machine (``benchmarks/env_reset.py``). So a released episode's page goes to a free list (at most
+    :attr:`keep`), navigated at once to ``about:blank``: a new document and window, so none of the last app's
+    script, timers, listeners, globals or focus survives, and its opaque origin keeps no storage (the apps are set
+    from strings, so they have none either). The next episode takes it, sizes its viewport and routes its requests
+    to its own handler. A page that fails any of this is closed, never reused;
     the free list dies with the browser (a relaunch starts empty)."""
 
     # Free pages kept per process: a worker of the tiny gui_agent recipe holds 32 episodes at once (8 x 8 over 2
