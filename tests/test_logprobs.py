@@ -112,7 +112,9 @@ def test_bf16_head_gets_fp32_logits_and_gradients_in_its_own_dtype():
     ref_lp, _ = _reference(ref_head, ref_hidden, target, 0.7, suppress)
     assert torch.allclose(lp, ref_lp, atol=1e-5)
     want = _grads(ref_head, ref_hidden, ref_lp, weight)
-    for g, w in zip(got, want, strict=True):  # each chunk's gradient rounded to bf16 (8 bits) and summed in bf16
+    for g, w in zip(
+        got, want, strict=True
+    ):  # each chunk's gradient rounded to bf16 (8 bits) and summed in bf16
         assert (g.float() - w).abs().max() <= 2**-6 * w.abs().max(), (g.float() - w).abs().max()
 
 
