@@ -2,12 +2,12 @@
 backward for a linear head against autograd through activation-checkpointed chunks, the path it replaced (and still
 the path of a wrapped head, soft-capping or an entropy bonus; :mod:`mmrl.logprobs`).
 
-Both run :func:`mmrl.logprobs.selective_logprobs` on the same tensors; the peer gets the head wrapped in a plain
-module, which sends it down the checkpointed path. Shapes: ``tiny`` is the GRPO benchmark's update (64 completions of
-64 tokens = 4,096 rows, hidden 128, the tiny Qwen2.5-VL's 3,018-token vocabulary); ``qwen`` is 1,024 rows of hidden
-512 over Qwen2.5-VL's 151,936 tokens. Temperature 0.9, five suppressed ids, chunks of 1,024 rows, a per-token
-weighted loss; gradients reach the hidden states and the head. Each shape is timed ``--reps`` times per path in
-A B B A order, CPU seconds (one thread), median; the gradients of the two paths are compared.
+Both run :func:`mmrl.logprobs.selective_logprobs` on the same tensors and head; the peer with ``fused=False``.
+Shapes: ``tiny`` is the GRPO benchmark's update (64 completions of 64 tokens = 4,096 rows, hidden 128, the tiny
+Qwen2.5-VL's 3,018-token vocabulary); ``qwen`` is 1,024 rows of hidden 512 over Qwen2.5-VL's 151,936 tokens.
+Temperature 0.9, five suppressed ids, chunks of 1,024 rows, a per-token weighted loss; gradients reach the hidden
+states and the head. Each shape is timed ``--reps`` times per path in A B B A order, CPU seconds (one thread),
+median; the gradients of the two paths are compared.
 
     OMP_NUM_THREADS=1 python benchmarks/logprob_backward.py [--reps 7]
 
@@ -27,20 +27,13 @@ from mmrl.logprobs import selective_logprobs
 SHAPES = {"tiny": (4096, 128, 3018), "qwen": (1024, 512, 151_936)}
 
 
-class Wrapped(torch.nn.Module):
-    def __init__(self, lin: torch.nn.Linear) -> None:
-        super().__init__()
-        self.lin = lin
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin(x)
-
-
-def one(head: torch.nn.Module, lin: torch.nn.Linear, hidden, target, suppress, weight) -> tuple[float, list]:
+def one(fused: bool, lin: torch.nn.Linear, hidden, target, suppress, weight) -> tuple[float, list]:
     hidden.grad = None
     lin.weight.grad = None
     t = time.process_time()
-    lp, _ = selective_logprobs(head, hidden, target, temperature=0.9, suppress=suppress, chunk=1024)
+    lp, _ = selective_logprobs(
+        lin, hidden, target, temperature=0.9, suppress=suppress, chunk=1024, fused=fused
+    )
     (lp * weight).sum().backward()
     return time.process_time() - t, [hidden.grad.clone(), lin.weight.grad.clone()]
 
@@ -59,7 +52,7 @@ def main() -> None:
         suppress[:5] = True
         target = torch.randint(5, vocab, (1, n))
         weight = torch.randn(1, n)
-        heads = {"fused": lin, "checkpointed": Wrapped(lin)}
+        heads = {"fused": True, "checkpointed": False}
         times: dict[str, list[float]] = {k: [] for k in heads}
         grads = {}
         for r in range(a.reps):

