@@ -10,8 +10,9 @@ and compute each sequence alone; they need CUDA and the ``flash-attn`` package.
 ``sdpa``) is the same thing with torch's own kernel, written here because no installed library does it on every
 device: in a packed forward (the policy sets :data:`PACKED` and passes ``cu_seq_lens_q``) each causal attention runs
 ``scaled_dot_product_attention`` per sequence with ``is_causal`` (sliding-window and chunked layers get their local
-mask per sequence), and no ``[N, N]`` mask is ever built; everywhere else (padded batches, generation with a cache,
-vision towers) it is transformers' ``sdpa`` exactly, mask function included.
+mask per sequence; media tokens that attend to each other both ways, Gemma 3 and 4's, get their blocks in that mask:
+:func:`mmrl.packing._media_blocks`), and no ``[N, N]`` mask is ever built; everywhere else (padded batches,
+generation with a cache, vision towers) it is transformers' ``sdpa`` exactly, mask function included.
 
 ``auto`` resolves to ``flash_attention_2`` where flash-attn is installed and the model runs on CUDA (transformers
 then reads the packed row's cumulative lengths itself), else ``mmrl_sdpa`` (:func:`resolve`).
@@ -72,6 +73,23 @@ def _local_mask(
     return None
 
 
+def _with_media_blocks(
+    local: torch.Tensor | None, ids: torch.Tensor, layer_type: str | None, config: Any
+) -> torch.Tensor | None:
+    """A sequence's mask with its media tokens attending both ways within their own block (``ids``: a block id per
+    token, -1 for text), as transformers' ``blockwise_overlay``: ``causal | same block``, and for a sliding layer
+    ``window & (causal | same block)``, the window one-sided (``kv > q - window``). None where the sequence has no
+    media token (plain causal attention, or its local mask, is exact)."""
+    if not bool((ids >= 0).any()):
+        return local
+    i = torch.arange(len(ids), device=ids.device)
+    mask = (i[None, :] <= i[:, None]) | ((ids[:, None] == ids[None, :]) & (ids[:, None] >= 0))
+    window = getattr(config, "sliding_window", None) if layer_type == "sliding_attention" else None
+    if window:
+        mask &= i[None, :] > i[:, None] - window
+    return mask
+
+
 def attention(
     module: torch.nn.Module,
     query: torch.Tensor,  # [B, H, L, D]
@@ -105,9 +123,12 @@ def attention(
     types = getattr(config, "layer_types", None)
     layer_type = types[module.layer_idx] if types is not None and hasattr(module, "layer_idx") else None
     bounds = cu.tolist()
+    blocks, block_layers = kwargs.get("mmrl_media_blocks") or (None, ())
     outs = []
     for s, e in zip(bounds[:-1], bounds[1:]):
         local = _local_mask(e - s, layer_type, config, query.device)
+        if blocks is not None and (layer_type or "full_attention") in block_layers:
+            local = _with_media_blocks(local, blocks[s:e], layer_type, config)
         outs.append(
             F.scaled_dot_product_attention(
                 query[:, :, s:e],

@@ -460,16 +460,37 @@ def release_transposes(model: Any) -> list[tuple[str, int, int]]:
     return out
 
 
-def packing_support(model: Any, processor: Any = None) -> tuple[bool, str]:
+def media_blocks(model: Any, processor: Any = None) -> tuple[str, tuple[int, ...], frozenset[str]] | None:
+    """Where media tokens attend to each other both ways (within one image or video's run of tokens), as the model's
+    own masks make them: ``(key, values, layer types)``: the per-token input naming media tokens, the values that mark
+    them, and the layer types whose mask gets the two-way blocks. Read from the checkpoint, as transformers' masks do:
+
+    - the processor emits ``token_type_ids`` (Gemma 3: 1 marks image tokens): every layer, full and sliding;
+    - ``use_bidirectional_attention: vision`` (Gemma 4: ``mm_token_type_ids`` 1 or 2, image or video tokens):
+      sliding-window layers only, global layers stay causal.
+
+    None where attention is causal everywhere."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    names = getattr(processor, "model_input_names", None) or []
+    if any(getattr(c, "use_bidirectional_attention", None) == "vision" for c in (config, text)):
+        return "mm_token_type_ids", (1, 2), frozenset({"sliding_attention"})
+    if "token_type_ids" in names:
+        return "token_type_ids", (1,), frozenset({"full_attention", "sliding_attention"})
+    return None
+
+
+def packing_support(model: Any, processor: Any = None, attn: str | None = None) -> tuple[bool, str]:
     """Whether a micro-batch of this model can be scored as one packed row (:func:`mmrl.packing.packed_hidden`)
     with the padded path's log-probs, and if not why. Read from the checkpoint, never from a family's name:
 
     - linear-attention layers (``layer_types`` holding ``linear_attention``: Qwen3.5's Gated-DeltaNet) keep packed
       sequences apart only with flash-linear-attention's kernels (``fla``); transformers' torch path refuses packed
       rows (its causal convolution and recurrence would run across the sequence boundary);
-    - media tokens that attend to each other bidirectionally (the processor's ``token_type_ids``, Gemma 3; or
-      ``use_bidirectional_attention``, Gemma 4): transformers remaps packed positions before its block mask reads
-      them, so a later sequence's tokens read the first sequence's image blocks (measured: log-probs off by 0.03-0.1);
+    - media tokens that attend to each other both ways (:func:`media_blocks`: Gemma 3, Gemma 4) pack under
+      ``mmrl_sdpa``, which builds each sequence's own mask with those blocks (:mod:`mmrl.attention`); not under
+      flash-attention (``attn``), whose kernels are causal only; ``use_bidirectional_attention: all`` (no causal
+      mask at all) never;
     - everything else (1-D RoPE, multimodal RoPE with ``get_rope_index``) packs exactly (tests/test_packing.py)."""
     import importlib.util
 
@@ -483,13 +504,16 @@ def packing_support(model: Any, processor: Any = None) -> tuple[bool, str]:
             False,
             "linear-attention layers pack only with flash-linear-attention (pip install flash-linear-attention)",
         )
-    names = getattr(processor, "model_input_names", None) or []
-    if "token_type_ids" in names or any(
-        getattr(c, "use_bidirectional_attention", None) for c in (config, text)
-    ):
+    if any(getattr(c, "use_bidirectional_attention", None) in (True, "all") for c in (config, text)):
         return (
             False,
-            "bidirectional media attention: transformers' packed masks would mix sequences' image blocks",
+            "bidirectional attention over the whole sequence: a packed row has no causal order to keep",
+        )
+    if media_blocks(model, processor) and (attn or "").startswith("flash_attention"):
+        return (
+            False,
+            "bidirectional media attention: flash-attention's kernels are causal only; "
+            "model.attn_implementation: mmrl_sdpa packs it",
         )
     return True, ""
 

@@ -60,11 +60,12 @@ def packed_hidden(
         mm[key] = torch.cat(parts, dim=0).to(dev)
         if mm[key].is_floating_point():
             mm[key] = mm[key].to(pol.model.dtype)
+    blocks = _media_blocks(pol, mm)
     token = PACKED.set(True)
     try:
         with pol.autocast():
             shared = encode_media_once(pol, prompts, mm)
-            last = _packed_forward(pol, rows, positions, cu, lengths, mm | shared, dev)
+            last = _packed_forward(pol, rows, positions, cu, lengths, mm | shared | blocks, dev)
     finally:
         PACKED.reset(token)
     T = max((len(c) for c in completions), default=0)
@@ -106,6 +107,27 @@ def encode_media_once(
         out[modality] = families.concat_encoder_outputs([once[id(p)] for p in owners])
         mm.pop(pixels)
     return {"mm_encoder_outputs": out} if out else {}
+
+
+def _media_blocks(pol: Policy, mm: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The packed row's two-way media blocks (:func:`mmrl.families.media_blocks`), for ``mmrl_sdpa``: each run of
+    media tokens gets its own id (-1 elsewhere), numbered along the whole row so that no block spans two
+    sequences, handed to the attention as ``mmrl_media_blocks = (ids [N], layer types)``. The keyword travels with
+    the layers' other keywords (the cumulative lengths), so a layer recomputed by gradient checkpointing in the
+    backward gets it again. Empty where the model has none or the row holds no media token."""
+    spec = families.media_blocks(pol.model, pol.processor)
+    if spec is None or spec[0] not in mm:
+        return {}
+    key, values, layers = spec
+    types = mm[key][0]
+    media = torch.zeros_like(types, dtype=torch.bool)
+    for v in values:
+        media |= types == v
+    if not bool(media.any()):
+        return {}
+    start = media & ~torch.nn.functional.pad(media, (1, 0))[:-1]
+    ids = torch.where(media, start.long().cumsum(0) - 1, -1)
+    return {"mmrl_media_blocks": (ids, layers)}
 
 
 def _packed_forward(pol: Policy, rows, positions, cu, lengths, mm, dev) -> torch.Tensor:

@@ -532,7 +532,7 @@ class Policy:
         from mmrl.families import packing_support
 
         attn = getattr(self.model.config, "_attn_implementation", None)
-        return self.cfg.packing and is_varlen(attn) and packing_support(self.model, self.processor)[0]
+        return self.cfg.packing and is_varlen(attn) and packing_support(self.model, self.processor, attn)[0]
 
     def _last_hidden(self, **inputs: Any) -> torch.Tensor:
         """The final hidden states ``[B, L, H]`` (after the last norm, before the head) of a forward with the media:

@@ -20,8 +20,6 @@ from mmrl.update import RolloutBatch, micro_batches
 NOT_PACKED = {
     "qwen3_5": "flash-linear-attention",
     "qwen3_5_moe": "flash-linear-attention",
-    "gemma3": "bidirectional media attention",
-    "gemma4": "bidirectional media attention",
 }
 
 
@@ -124,8 +122,15 @@ def _check_packed(policy: Policy, encoded, family: str) -> None:
     assert (lp - plp).abs().max().item() < 1e-5, (family, (lp - plp).abs().max().item())
     assert (ent - pent).abs().max().item() < 1e-4
     assert grads.keys() == pgrads.keys()
+    # summation orders differ: an absolute floor scaled to the tensor's largest entry (a wrong mask is off by ~1 of
+    # it: gemma4 without its media blocks, 1.9)
     for name, g in grads.items():
-        assert torch.allclose(g, pgrads[name], rtol=1e-3, atol=1e-5), (family, name)
+        atol = 5e-5 * max(1.0, g.abs().max().item())
+        assert torch.allclose(g, pgrads[name], rtol=1e-3, atol=atol), (
+            family,
+            name,
+            (g - pgrads[name]).abs().max(),
+        )
 
 
 def _batch(policy: Policy, media, G: int) -> RolloutBatch:
@@ -243,3 +248,25 @@ def test_generation_encodes_each_prompts_media_once(family, tiny_family, media, 
         for c, d in zip(g, h):
             assert c.token_ids == d.token_ids
             assert max(abs(a - b) for a, b in zip(c.logprobs, d.logprobs)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("family", "key", "layers"),
+    [
+        ("gemma3", "token_type_ids", {"full_attention", "sliding_attention"}),
+        ("gemma4", "mm_token_type_ids", {"sliding_attention"}),
+    ],
+)
+def test_media_blocks_pack_under_mmrl_sdpa_only(family, key, layers, tiny_family):
+    """Two-way media blocks are read from the checkpoint (Gemma 3: every layer; Gemma 4: sliding layers only, as
+    transformers' masks); flash-attention's causal kernels cannot hold them, so a packed row is refused there."""
+    from mmrl.families import media_blocks
+
+    policy = Policy.from_pretrained(
+        ModelConfig(path=str(tiny_family(family)), min_pixels=3136, max_pixels=12544)
+    )
+    spec = media_blocks(policy.model, policy.processor)
+    assert spec is not None and spec[0] == key and set(spec[2]) == layers
+    assert packing_support(policy.model, policy.processor, "mmrl_sdpa") == (True, "")
+    ok, why = packing_support(policy.model, policy.processor, "flash_attention_2")
+    assert not ok and "mmrl_sdpa packs it" in why
