@@ -154,8 +154,10 @@ class _LinearLogp(torch.autograd.Function):
             g.index_fill_(-1, drop, 0.0)
         g.mul_(-scale[:, None]).scatter_add_(-1, target[:, None], scale[:, None])  # (onehot - p) * scale
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h = (g @ weight.float()).to(hidden.dtype) if need_h else None
-        grad_w = (g.T @ hidden.float()).to(weight.dtype) if need_w else None
+        # fp32 matmuls even where the backward is called under autocast
+        with torch.autocast(device_type=g.device.type, enabled=False):
+            grad_h = (g @ weight.float()).to(hidden.dtype) if need_h else None
+            grad_w = (g.T @ hidden.float()).to(weight.dtype) if need_w else None
         grad_b = g.sum(0).to(bias.dtype) if need_b else None
         return grad_h, grad_w, grad_b, None, None, None, None
 

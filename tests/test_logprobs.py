@@ -118,6 +118,16 @@ def test_bf16_head_gets_fp32_logits_and_gradients_in_its_own_dtype():
         assert (g.float() - w).abs().max() <= 2**-6 * w.abs().max(), (g.float() - w).abs().max()
 
 
+def test_a_backward_called_under_autocast_stays_fp32():
+    head, hidden, target, suppress, weight = _case()
+    grads = []
+    for autocast in (False, True):
+        lp, _ = selective_logprobs(head, hidden, target, temperature=0.7, suppress=suppress, chunk=8)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            grads.append(_grads(head, hidden, lp, weight))
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+
+
 @pytest.mark.parametrize("path", ["wrapped", "softcap", "entropy_grad", "unfused"])
 def test_the_autograd_paths_equal_the_reference(path):
     head, hidden, target, suppress, weight = _case(bias=True, seed=3)
