@@ -55,6 +55,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -228,12 +229,18 @@ class Policy:
         # a LoRA checkpoint holds the adapter only: the base weights come from model.path
         src = resolve_model_path(cfg.path if cfg.lora.r > 0 and trainable else (path or cfg.path))
         kwargs: dict[str, Any] = {"dtype": torch.float32 if trainable else getattr(torch, cfg.dtype)}
-        if cfg.attn_implementation:
-            from mmrl.attention import resolve
-
-            kwargs["attn_implementation"] = resolve(cfg.attn_implementation, pick_device(cfg.device))
-        model = AutoModelForImageTextToText.from_pretrained(src, **kwargs).to(pick_device(cfg.device))
         processor = AutoProcessor.from_pretrained(src)
+        if cfg.attn_implementation:
+            from transformers import AutoConfig
+
+            from mmrl.attention import resolve
+            from mmrl.families import media_blocks
+
+            blocks = (
+                media_blocks(SimpleNamespace(config=AutoConfig.from_pretrained(src)), processor) is not None
+            )
+            kwargs["attn_implementation"] = resolve(cfg.attn_implementation, pick_device(cfg.device), blocks)
+        model = AutoModelForImageTextToText.from_pretrained(src, **kwargs).to(pick_device(cfg.device))
         if not hasattr(processor, "image_processor"):
             raise TypeError(
                 f"{src}: AutoProcessor returned {type(processor).__name__}, not a multimodal processor "

@@ -270,3 +270,22 @@ def test_media_blocks_pack_under_mmrl_sdpa_only(family, key, layers, tiny_family
     assert packing_support(policy.model, policy.processor, "mmrl_sdpa") == (True, "")
     ok, why = packing_support(policy.model, policy.processor, "flash_attention_2")
     assert not ok and "mmrl_sdpa packs it" in why
+    assert policy.model.config._attn_implementation == "mmrl_sdpa" and policy.packs  # auto, read at load
+
+
+def test_auto_keeps_media_blocks_off_flash_attention(monkeypatch):
+    """On CUDA with flash-attn installed, ``auto`` picks flash-attention 2, except for a model with two-way media
+    blocks, whose mask its causal kernels cannot hold: that one gets mmrl_sdpa (and packs)."""
+    import importlib.util
+
+    from mmrl import attention
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: object() if n == "flash_attn" else real(n, *a)
+    )
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert attention.resolve("auto", cuda) == "flash_attention_2"
+    assert attention.resolve("auto", cuda, media_blocks=True) == attention.NAME
+    assert attention.resolve("auto", cpu) == attention.NAME
+    assert attention.resolve("sdpa", cuda, media_blocks=True) == "sdpa"  # an explicit choice is kept
