@@ -684,7 +684,7 @@ def trajectory_logprobs(
                 hidden[None],
                 torch.tensor(targets, device=last.device)[None],
                 temperature=temperature,
-                suppress=policy.suppress_mask,
+                suppress=policy.suppress_ids,
                 with_entropy=with_entropy,
                 entropy_grad=entropy_grad,
                 chunk=policy.cfg.logits_chunk_tokens,

@@ -185,13 +185,17 @@ def selective_logprobs(
     Gradients flow through the log-probs when ``hidden`` requires grad, and through the entropy too when
     ``entropy_grad`` (an entropy bonus in the loss). ``softcap``: the model's final logit soft-capping
     (``final_logit_softcapping``: Gemma 2 and 4 apply ``c * tanh(logits / c)`` after the head), applied in fp32.
+    ``suppress``: the token ids scored at -inf, as a ``[V]`` bool mask or as the ids (a long tensor).
     ``fused=False`` takes the checkpointed autograd path even where the written-out backward applies (its
     benchmark's peer).
     """
     B, T, H = hidden.shape
     flat_h, flat_t = hidden.reshape(B * T, H), target.reshape(B * T)
     grad = torch.is_grad_enabled() and hidden.requires_grad
-    drop = None if suppress is None else suppress.nonzero().flatten()  # one host sync per call, not per chunk
+    if suppress is None or suppress.dtype != torch.bool:
+        drop = suppress  # the suppressed ids themselves (the policy keeps them on the device)
+    else:
+        drop = suppress.nonzero().flatten()  # a [V] mask: one host sync per call, not per chunk
     # the written-out backward for a plain linear head; autograd through a checkpointed chunk otherwise
     fused = (
         fused and isinstance(head, torch.nn.Linear) and not softcap and not (with_entropy and entropy_grad)

@@ -166,6 +166,8 @@ class Policy:
             self.suppress_mask.cpu()
         )  # host copies: checks on completions never sync the device
         self._suppressed_ids = frozenset(t for t in self.suppressed_token_ids if t < vocab)
+        # the same ids on the device, for scoring (selective_logprobs sets them by index; no nonzero() per call)
+        self.suppress_ids = torch.tensor(sorted(self._suppressed_ids), dtype=torch.long, device=self.device)
         self.sharded: list[torch.nn.Module] = []  # FSDP2 modules, root last (see shard())
         self.replica: torch.nn.Module | None = None  # the DDP module that sums gradients (see replicate())
 
@@ -598,7 +600,7 @@ class Policy:
                     hidden.reshape(B * T, -1)[keep][None],
                     target.reshape(B * T)[keep][None],
                     temperature=temperature,
-                    suppress=self.suppress_mask,
+                    suppress=self.suppress_ids,
                     with_entropy=with_entropy,
                     entropy_grad=entropy_grad,
                     chunk=self.cfg.logits_chunk_tokens,

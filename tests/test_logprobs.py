@@ -99,6 +99,17 @@ def test_the_training_forward_scores_exactly_what_the_no_grad_pass_scores():
     assert lp.requires_grad and torch.equal(lp.detach(), old_lp) and torch.equal(ent, old_ent)
 
 
+def test_suppressed_ids_score_as_the_mask_does():
+    head, hidden, target, suppress, weight = _case()
+    by_mask = selective_logprobs(head, hidden, target, temperature=0.9, suppress=suppress, chunk=8)
+    got = _grads(head, hidden, by_mask[0], weight)
+    by_ids = selective_logprobs(
+        head, hidden, target, temperature=0.9, suppress=suppress.nonzero().flatten(), chunk=8
+    )
+    assert torch.equal(by_mask[0], by_ids[0]) and torch.equal(by_mask[1], by_ids[1])
+    assert all(torch.equal(a, b) for a, b in zip(got, _grads(head, hidden, by_ids[0], weight), strict=True))
+
+
 def test_bf16_head_gets_fp32_logits_and_gradients_in_its_own_dtype():
     head, hidden, target, suppress, weight = _case(dtype=torch.bfloat16)
     lp, _ = selective_logprobs(head, hidden, target, temperature=0.7, suppress=suppress, chunk=8)
