@@ -17,7 +17,7 @@ whole chunk (scaling, mask, ``logsumexp``, gather, and the entropy's softmax tha
 backward of each of those ops. The written-out backward keeps each chunk's ``logsumexp`` and recomputes only the
 logits, then forms ``(onehot(y) - softmax) * dL/dlogp / temperature`` in place for the two matmuls. Suppressed ids
 are set by index (``n x |suppressed|`` writes, not a pass over ``n x V``) on every path.
-``benchmarks/logprob_backward.py``: forward + backward 1.6x faster at the tiny GRPO update's shape, 1.3x at Qwen's
+``benchmarks/logprob_backward.py``: forward + backward 1.5x faster at the tiny GRPO update's shape, 1.3x at Qwen's
 vocabulary, where the three matmuls dominate. Checkpointed autograd remains the path of a head that is not a
 ``torch.nn.Linear`` (LoRA-wrapped), of logit soft-capping and of an entropy bonus in the loss.
 
@@ -73,9 +73,8 @@ def _scaled_masked(logits: torch.Tensor, temperature: float, drop: torch.Tensor 
     if temperature != 1.0:
         logits.div_(temperature)
     if drop is not None:
-        logits.index_fill_(
-            -1, drop, float("-inf")
-        )  # touches n x |drop| entries, not n x V as a [V] mask would
+        # touches n x |drop| entries, not n x V as a [V] mask would
+        logits.index_fill_(-1, drop, float("-inf"))
     return logits
 
 
@@ -102,9 +101,8 @@ def _chunk_logp_entropy(
     """No-gradient scoring, and the autograd fallback (run under activation checkpointing by the caller)."""
     logits = head_logits(head, hidden)  # [n, V] fp32: the one chunk-sized buffer kept until the chunk ends
     if not torch.is_grad_enabled():
-        if (
-            softcap
-        ):  # the model's final logit soft-capping (Gemma 2/4): c * tanh(logits / c), as its forward does
+        # the model's final logit soft-capping (Gemma 2/4): c * tanh(logits / c), as its forward does
+        if softcap:
             logits = logits.div_(softcap).tanh_().mul_(softcap)
         return _logp_entropy(_scaled_masked(logits, temperature, drop), target, with_entropy)[:2]
     if softcap:
