@@ -484,26 +484,22 @@ def packing_support(model: Any, processor: Any = None, attn: str | None = None) 
     """Whether a micro-batch of this model can be scored as one packed row (:func:`mmrl.packing.packed_hidden`)
     with the padded path's log-probs, and if not why. Read from the checkpoint, never from a family's name:
 
-    - linear-attention layers (``layer_types`` holding ``linear_attention``: Qwen3.5's Gated-DeltaNet) keep packed
-      sequences apart only with flash-linear-attention's kernels (``fla``); transformers' torch path refuses packed
-      rows (its causal convolution and recurrence would run across the sequence boundary);
+    - linear-attention layers (``layer_types`` holding ``linear_attention``: Qwen3.5's Gated-DeltaNet) pack with
+      :mod:`mmrl.linear_attention`'s convolution and recurrence, which restart at each sequence (transformers' own
+      torch path refuses packed rows, and its convolution would run across the boundary even with ``fla``);
     - media tokens that attend to each other both ways (:func:`media_blocks`: Gemma 3, Gemma 4) pack under
       ``mmrl_sdpa``, which builds each sequence's own mask with those blocks (:mod:`mmrl.attention`); not under
       flash-attention (``attn``), whose kernels are causal only; ``use_bidirectional_attention: all`` (no causal
       mask at all) never;
     - everything else (1-D RoPE, multimodal RoPE with ``get_rope_index``) packs exactly (tests/test_packing.py)."""
-    import importlib.util
+    from mmrl.linear_attention import packable
 
     config = model.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if (
-        "linear_attention" in (getattr(text, "layer_types", None) or [])
-        and importlib.util.find_spec("fla") is None
-    ):
-        return (
-            False,
-            "linear-attention layers pack only with flash-linear-attention (pip install flash-linear-attention)",
-        )
+    if "linear_attention" in (getattr(text, "layer_types", None) or []):
+        ok, why = packable(model)
+        if not ok:
+            return False, why
     if any(getattr(c, "use_bidirectional_attention", None) in (True, "all") for c in (config, text)):
         return (
             False,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mmrl import families
+from mmrl import families, linear_attention
 from mmrl.attention import PACKED
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ def packed_hidden(
         if mm[key].is_floating_point():
             mm[key] = mm[key].to(pol.model.dtype)
     blocks = _media_blocks(pol, mm)
+    linear_attention.install(pol.model)  # linear-attention layers restart at each sequence too
     token = PACKED.set(True)
     try:
         with pol.autocast():

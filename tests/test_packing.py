@@ -16,11 +16,9 @@ from mmrl.tiny import FAMILIES
 from mmrl.types import Sample
 from mmrl.update import RolloutBatch, micro_batches
 
-# families that cannot pack here, and the reason's words (read from the checkpoint: tests/test_packing.py docstring)
-NOT_PACKED = {
-    "qwen3_5": "flash-linear-attention",
-    "qwen3_5_moe": "flash-linear-attention",
-}
+# families that cannot pack here, and the reason's words (read from the checkpoint: tests/test_packing.py docstring);
+# every built family packs (Qwen3.5's linear attention through mmrl.linear_attention)
+NOT_PACKED: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,101 @@
+"""Packed rows through Gated-DeltaNet layers (mmrl.linear_attention): the causal convolution and the gated delta rule
+of a packed row equal each sequence computed alone (transformers' own functions on that sequence), across several of
+the rule's 64-token chunks, gradients included; without the boundaries both would mix sequences."""
+
+import pytest
+import torch
+from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5
+
+from mmrl import linear_attention as la
+
+# single tokens, shorter than the kernel, across one and two chunk boundaries
+LENGTHS = [1, 3, 70, 5, 130, 64]
+CONV = getattr(qwen3_5.causal_conv1d_fn, la._ORIGINAL, qwen3_5.causal_conv1d_fn)
+RULE = getattr(qwen3_5.torch_chunk_gated_delta_rule, la._ORIGINAL, qwen3_5.torch_chunk_gated_delta_rule)
+
+
+def _cu(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def _pieces(x: torch.Tensor, lengths: list[int], dim: int) -> list[torch.Tensor]:
+    return list(torch.split(x, lengths, dim=dim))
+
+
+def test_packed_convolution_equals_each_sequence_alone():
+    torch.manual_seed(0)
+    C, K = 12, 4
+    x = torch.randn(1, C, sum(LENGTHS), requires_grad=True)
+    w, b = torch.randn(C, K, requires_grad=True), torch.randn(C, requires_grad=True)
+    packed = la.packed_causal_conv1d(x, w, b, "silu", _cu(LENGTHS))
+    alone = torch.cat([CONV(p, w, b, activation="silu") for p in _pieces(x, LENGTHS, -1)], dim=-1)
+    assert (packed - alone).abs().max().item() < 1e-6
+    g = torch.randn_like(packed)
+    grads = torch.autograd.grad((packed * g).sum(), (x, w, b))
+    ref = torch.autograd.grad((alone * g).sum(), (x, w, b))
+    for a, r in zip(grads, ref):
+        assert torch.allclose(a, r, rtol=1e-5, atol=1e-5)
+    # the convolution of the whole row reaches K - 1 tokens into the previous sequence
+    leaked = CONV(x, w, b, activation="silu")
+    assert (leaked - alone).abs().max().item() > 1e-2
+
+
+def _rule_inputs(n: int, heads_k: int = 2, heads_v: int = 4, dk: int = 8, dv: int = 6):
+    torch.manual_seed(1)
+    q, k = torch.randn(1, n, heads_k, dk), torch.randn(1, n, heads_k, dk)
+    v = torch.randn(1, n, heads_v, dv)
+    g = -torch.rand(1, n, heads_v) * 0.5  # log decays <= 0
+    beta = torch.rand(1, n, heads_v)
+    return [t.requires_grad_() for t in (q, k, v, g, beta)]
+
+
+def test_packed_delta_rule_equals_each_sequence_alone():
+    n = sum(LENGTHS)
+    q, k, v, g, beta = _rule_inputs(n)
+    packed, state = la.packed_chunk_gated_delta_rule(
+        RULE, q, k, v, g, beta, _cu(LENGTHS), use_qk_l2norm_in_kernel=True
+    )
+    assert state is None and packed.shape == (1, n, 4, 6)
+    alone = torch.cat(
+        [
+            RULE(*xs[:3], g=xs[3], beta=xs[4], use_qk_l2norm_in_kernel=True)[0]
+            for xs in zip(*(_pieces(t, LENGTHS, 1) for t in (q, k, v, g, beta)))
+        ],
+        dim=1,
+    )
+    assert (packed - alone).abs().max().item() < 1e-5
+    out_g = torch.randn_like(packed)
+    grads = torch.autograd.grad((packed * out_g).sum(), (q, k, v, g, beta))
+    ref = torch.autograd.grad((alone * out_g).sum(), (q, k, v, g, beta))
+    for a, r in zip(grads, ref):
+        assert torch.allclose(a, r, rtol=1e-4, atol=1e-5)
+    # one recurrence over the whole row carries each sequence's state into the next
+    whole = RULE(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]
+    assert (whole - alone).abs().max().item() > 1e-2
+    # and transformers' torch path refuses the cumulative lengths itself
+    with pytest.raises(ValueError, match="packed sequences"):
+        RULE(q, k, v, g=g, beta=beta, cu_seqlens=_cu(LENGTHS))
+
+
+def test_install_routes_only_packed_calls(tiny_family):
+    from mmrl.config import ModelConfig
+    from mmrl.policy import Policy
+
+    policy = Policy.from_pretrained(ModelConfig(path=str(tiny_family("qwen3_5"))))
+    assert la.layer_modules(policy.model) == {qwen3_5.__name__}
+    assert la.packable(policy.model) == (True, "")
+    la.install(policy.model)
+    la.install(policy.model)  # idempotent: one wrapper, over transformers' own function
+    assert getattr(qwen3_5.causal_conv1d_fn, la._ORIGINAL) is CONV
+    assert getattr(qwen3_5.torch_chunk_gated_delta_rule, la._ORIGINAL) is RULE
+    x, w = torch.randn(1, 5, 9), torch.randn(5, 4)
+    assert torch.equal(
+        qwen3_5.causal_conv1d_fn(x, w, None, activation="silu"), CONV(x, w, None, activation="silu")
+    )
+    q, k, v, g, beta = (t.detach() for t in _rule_inputs(9))
+    assert torch.equal(
+        qwen3_5.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta)[0], RULE(q, k, v, g=g, beta=beta)[0]
+    )
+    # a model without linear attention has nothing to install
+    plain = Policy.from_pretrained(ModelConfig(path=str(tiny_family("qwen3_vl"))))
+    assert la.layer_modules(plain.model) == set() and la.packable(plain.model) == (True, "")
