@@ -18,6 +18,10 @@ Both run the same ``PolicyUpdate`` (1 epoch, 1 mini-batch, token-mean GRPO loss)
 are padding: sum over micro-batches of ``rows x (longest prompt + longest completion)`` against the real tokens.
 
     OMP_NUM_THREADS=1 python benchmarks/packing.py [--width 256 --layers 4 --budget 4096 --rounds 2]
+        [--family qwen2_5_vl|qwen3_5]
+
+``--family qwen3_5`` builds a random Qwen3.5 of the same width instead (:func:`build_qwen3_5`): three of every four
+layers are Gated-DeltaNet linear attention, packed by :mod:`mmrl.linear_attention`.
 
 Last line: ``padding share: before X after Y; update speed-up Z`` (Z = before / after s/update).
 """
@@ -40,7 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
 
 
-def build_model(out: Path, width: int, layers: int) -> Path:
+def build_model(out: Path, width: int, layers: int, family: str = "qwen2_5_vl") -> Path:
+    if family == "qwen3_5":
+        return build_qwen3_5(out, width, layers)
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     for f in TINY.iterdir():
@@ -63,6 +69,34 @@ def build_model(out: Path, width: int, layers: int) -> Path:
     )
     torch.manual_seed(0)
     Qwen2_5_VLForConditionalGeneration(config).save_pretrained(out)
+    return out
+
+
+def build_qwen3_5(out: Path, width: int, layers: int) -> Path:
+    """``mmrl build-tiny --family qwen3_5`` widened: three Gated-DeltaNet layers to one full-attention layer, as
+    released, with linear-attention heads of 64 (``width // 64`` value heads, half as many key heads)."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from mmrl.tiny import build_tiny
+
+    build_tiny(out, family="qwen3_5")
+    conf = AutoConfig.from_pretrained(out)
+    heads = width // 32  # head dim 32 as the tiny model's (its M-RoPE sections stay valid)
+    conf.text_config.update(
+        dict(
+            hidden_size=width,
+            intermediate_size=2 * width,
+            num_hidden_layers=layers,
+            layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)],
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 2),
+            linear_num_value_heads=max(2, width // 64),
+            linear_num_key_heads=max(1, width // 128),
+        )
+    )
+    conf.vision_config.out_hidden_size = width
+    torch.manual_seed(0)
+    AutoModelForImageTextToText.from_config(conf).save_pretrained(out)
     return out
 
 
@@ -145,6 +179,12 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--family",
+        choices=("qwen2_5_vl", "qwen3_5"),
+        default="qwen2_5_vl",
+        help="qwen3_5: Gated-DeltaNet layers (mmrl.linear_attention) between the attention layers",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     from mmrl.config import ModelConfig
@@ -152,7 +192,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        model_dir = build_model(tmp, args.width, args.layers)
+        model_dir = build_model(tmp, args.width, args.layers, args.family)
         encoder = Policy.from_pretrained(ModelConfig(path=str(model_dir), max_pixels=448 * 448))
         batch = make_batch(encoder, np.random.default_rng(0), tmp, args.prompts, args.group)
         del encoder
@@ -160,7 +200,7 @@ def main() -> None:
         print(
             f"batch: {len(batch.completions)} rows, prompts {min(lengths)}-{max(lengths)} tokens, responses "
             f"{min(map(len, batch.completions))}-{max(map(len, batch.completions))} tokens; width {args.width}, "
-            f"{args.layers} layers, budget {args.budget} tokens"
+            f"{args.layers} layers ({args.family}), budget {args.budget} tokens"
         )
         times: dict[str, list[float]] = {"before": [], "grouped": [], "after": []}
         shares: dict[str, float] = {}

@@ -1,8 +1,9 @@
 """Rollout speed: mmrl's vLLM engine against its HF ``generate`` engine, same policy, same prompts, same process.
 
-A random Qwen2.5-VL (fp32 weights, CPU; ``--dtype bfloat16`` for the run's compute dtype) answers ``--prompts`` image prompts (one ``--image-px`` square image each, a
-different colour per prompt) with ``--n`` responses each, every response exactly ``--tokens`` tokens long: the
-policy's stop set is emptied for the run, so neither engine stops early and both produce the same token count.
+A Qwen2.5-VL (fp32 weights, CPU; ``--dtype``: the policy's ``model.dtype``) answers ``--prompts`` image prompts
+(one ``--image-px`` square image each, a different colour per prompt) with ``--n`` responses each, every response
+exactly ``--tokens`` tokens long: the policy's stop set is emptied for the run, so neither engine stops early and
+both produce the same token count.
 Both engines sample at temperature 1.0 from the same weights; each is warmed up once (vLLM's first call builds its
 caches), then timed for ``--rounds`` rounds per engine in A B B A order, and the median round is reported. The
 warm-up call's completions of the first ``--check-prompts`` prompts are checked against the training forward
@@ -16,10 +17,11 @@ warm-up call's completions of the first ``--check-prompts`` prompts are checked 
   config with Qwen2.5-VL's real vocabulary size (151,936) and a language model of 8 layers, hidden 512, 8 heads of
   64, 2 KV heads, MLP 1536, M-RoPE sections [8, 12, 12]; the tiny vision tower projecting to 512; tied embeddings;
   ~102 M parameters, 78 M of them the embedding. The tokenizer is the tiny one: ids it lacks decode to nothing.
-  Defaults 64 prompts x 1 response x 256 tokens, 2 rounds, the first 8 prompts' completions checked.
+  Defaults 64 prompts x 1 response x 256 tokens, 2 rounds, the first 8 prompts' completions checked, ``--dtype
+  bfloat16`` (the ``model.dtype`` of every shipped ``gpu*.yaml``; ``--dtype float32`` for the fp32 comparison).
 
     OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/rollout_engines.py [--model mid] [--prompts 8 --n 8 --tokens 64]
-        [--dtype bfloat16]
+        [--dtype float32|bfloat16]
 
 With ``--dtype bfloat16`` (``model.dtype`` of a real run) the HF engine decodes under bf16 autocast with the head in
 fp32 (its log-probs are the training forward's) and vLLM holds bf16 weights, head included, so its log-probs differ
@@ -63,8 +65,9 @@ MID_TEXT = {
 }
 # what --model changes in the defaults: 64 prompts x 1 response x 256 tokens for mid
 DEFAULTS = {
-    "tiny": {"prompts": 8, "n": 8, "tokens": 64, "rounds": 4, "check_prompts": None},
-    "mid": {"prompts": 64, "n": 1, "tokens": 256, "rounds": 2, "check_prompts": 8},
+    "tiny": {"prompts": 8, "n": 8, "tokens": 64, "rounds": 4, "check_prompts": None, "dtype": "float32"},
+    # bf16: the model.dtype of every shipped gpu*.yaml, so the dtype a real model's rollouts run in
+    "mid": {"prompts": 64, "n": 1, "tokens": 256, "rounds": 2, "check_prompts": 8, "dtype": "bfloat16"},
 }
 
 
@@ -136,9 +139,8 @@ def main() -> None:
     ap.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
-        default="float32",
-        help="the policy's model.dtype: bfloat16 runs HF generate under bf16 autocast over fp32 weights (head in "
-        "fp32, as the training forward) and vLLM with bf16 weights",
+        help="the policy's model.dtype (tiny float32, mid bfloat16): bfloat16 runs HF generate under bf16 autocast "
+        "over fp32 weights (head in fp32, as the training forward) and vLLM with bf16 weights",
     )
     args = ap.parse_args()
     for key, value in DEFAULTS[args.model].items():

@@ -99,3 +99,26 @@ def test_install_routes_only_packed_calls(tiny_family):
     # a model without linear attention has nothing to install
     plain = Policy.from_pretrained(ModelConfig(path=str(tiny_family("qwen3_vl"))))
     assert la.layer_modules(plain.model) == set() and la.packable(plain.model) == (True, "")
+
+
+def test_with_fla_the_packed_row_goes_to_its_varlen_kernel_whole(monkeypatch):
+    """Where flash-linear-attention is installed (CUDA), the row is not unpacked: transformers' wrapper gets it as fla's
+    varlen kernel takes it (batch 1, ``cu_seqlens`` on the row's device, no state), and its output is returned."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "fla" else real(n, *a))
+    seen = {}
+
+    def kernel(q, k, v, g, beta, **kwargs):
+        seen.update(shapes=[t.shape for t in (q, k, v, g, beta)], **kwargs)
+        return v * 2, None
+
+    q, k, v, g, beta = (t.detach() for t in _rule_inputs(sum(LENGTHS)))
+    cu = _cu(LENGTHS)
+    out, state = la.packed_chunk_gated_delta_rule(kernel, q, k, v, g, beta, cu, use_qk_l2norm_in_kernel=True)
+    assert torch.equal(out, v * 2) and state is None
+    assert seen["cu_seqlens"] is cu and seen["use_qk_l2norm_in_kernel"] is True
+    assert [s[:2] for s in seen["shapes"]] == [(1, sum(LENGTHS))] * 5
+    with pytest.raises(ValueError, match="no recurrent state"):
+        la.packed_chunk_gated_delta_rule(kernel, q, k, v, g, beta, cu, output_final_state=True)
