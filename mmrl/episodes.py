@@ -677,7 +677,8 @@ def trajectory_logprobs(
 
     def score() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         with policy.autocast():
-            last = policy._last_hidden(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
+            with policy.matched_tower_calls(mm):
+                last = policy._last_hidden(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
             hidden = last[torch.tensor(rows, device=last.device), torch.tensor(cols, device=last.device)]
             lp, ent = selective_logprobs(
                 policy.model.get_output_embeddings(),

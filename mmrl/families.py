@@ -586,3 +586,74 @@ def concat_encoder_outputs(outputs: list[Any]) -> Any:
         else:
             merged[key] = join(values)
     return type(first)(**merged)
+
+
+# the inputs that hold one row per item of a vision encoder's output (an image, a video), where the pixel input's
+# dim 0 counts something else (Qwen's patches, Gemma 4's video frames)
+ITEM_SIZE_INPUTS = ("image_grid_thw", "video_grid_thw", "image_sizes", "num_frames_per_video")
+
+
+def encoder_items(mm: dict[str, torch.Tensor], pixels: str, takes: set[str]) -> int:
+    """How many items one prompt's media ``mm`` make along dim 0 of the vision encoder's output, for the feature
+    function that takes ``pixels`` and the inputs ``takes`` (:func:`encoder_calls`): the rows of the per-item size
+    input it takes (:data:`ITEM_SIZE_INPUTS`: grids of Qwen and GLM, image sizes of Mistral 3 and LLaVA-OneVision,
+    Gemma 4's frames per video; only its own: a prompt with images and videos has a grid of each), else the pixel
+    input's dim 0 (images of Gemma 3 and 4 and LLaVA-OneVision's videos, tiles of InternVL and Llama 4, Idefics3's one
+    row of tiles per prompt)."""
+    size = next((k for k in ITEM_SIZE_INPUTS if k in takes and k in mm), pixels)
+    return int(mm[size].shape[0])
+
+
+def split_encoder_outputs(output: Any, counts: list[int], name: str) -> list[Any]:
+    """One vision encoder output of several prompts' media, encoded as one batch, split back into each prompt's: the
+    inverse of :func:`concat_encoder_outputs`, for the same fields. ``counts`` are the prompts' items in order
+    (:func:`encoder_items`). A field over items (a tuple or list of per-item tensors, or a tensor whose dim 0 is the
+    items) is cut into runs of ``counts``; a DeepStack layer is cut likewise when it holds the same items, or by the
+    prompts' tokens (their items' lengths in ``pooler_output``) when it is one tensor over all items' tokens. The
+    pieces are slices of the one encoding, so gradients flow back into it. Raises, naming ``name`` (the family and
+    modality) and the field, where a field does not hold the items the inputs say."""
+    import torch
+
+    def runs(sizes: list[int]) -> list[slice]:
+        ends = torch.tensor(sizes, dtype=torch.long).cumsum(0).tolist()
+        return [slice(e - n, e) for n, e in zip(sizes, ends)]
+
+    def cut(value: Any, sizes: list[int], field: str) -> list[Any]:
+        if isinstance(value, torch.Tensor) and value.dim() and len(value) == sum(sizes):
+            return list(torch.split(value, sizes))
+        if isinstance(value, (list, tuple)) and len(value) == sum(sizes):
+            return [type(value)(value[r]) for r in runs(sizes)]
+        held = f"a {type(value).__name__}"
+        if isinstance(value, torch.Tensor):
+            held = f"a tensor of shape {tuple(value.shape)}"
+        elif isinstance(value, (list, tuple)):
+            held += f" of {len(value)}"
+        raise ValueError(
+            f"{name}: cannot split the vision encoder's {field} ({held}) into the prompts' items {sizes} "
+            f"(sum {sum(sizes)}): a layout mmrl.families.split_encoder_outputs does not know"
+        )
+
+    keep = ["pooler_output", "deepstack_features"]
+    if output.get("pooler_output") is None:
+        keep.append("last_hidden_state")
+    parts: list[dict[str, Any]] = [{} for _ in counts]
+    for key in keep:
+        value = output.get(key)
+        if value is None:
+            continue
+        if key == "deepstack_features":
+            pooled = output.get("pooler_output")
+            layers = []
+            for i, layer in enumerate(value):
+                sizes = counts
+                if isinstance(layer, torch.Tensor) and isinstance(pooled, (list, tuple)):  # over all tokens
+                    sizes = [sum(len(t) for t in pooled[r]) for r in runs(counts)]
+                layers.append(cut(layer, sizes, f"{key}[{i}]"))
+            pieces = [list(layer_pieces) for layer_pieces in zip(*layers)] if layers else [[] for _ in counts]
+        else:
+            pieces = cut(value, counts, key)
+        for part, piece in zip(parts, pieces):
+            part[key] = piece
+    if not parts or not parts[0]:
+        raise ValueError(f"{name}: the vision encoder's output holds none of {keep}; nothing to split")
+    return [type(output)(**part) for part in parts]

@@ -13,7 +13,11 @@ How it fits mmrl's data parallelism (:mod:`mmrl.distributed`):
   (:class:`mmrl.update.PolicyUpdate`; a divide factor of 1 would say the same, but gloo lacks the PREMUL_SUM it
   needs); no DDP wrapper is made.
 - Every forward of a sharded model is a collective, so every rank must run the same number of them: the update
-  pads a rank with fewer micro-batches with zero-weight ones (:class:`mmrl.update.PolicyUpdate`).
+  pads a rank with fewer micro-batches with zero-weight ones (:class:`mmrl.update.PolicyUpdate`), and a packed
+  micro-batch runs the vision tower once per modality however many distinct prompts it holds, their rows sharing
+  their prompt's encoding (:func:`mmrl.packing.encode_media_once`), as the padded path runs it once; a rank whose
+  micro-batch holds fewer modalities (text only, where another's has images) encodes a blank image to match
+  (:func:`matched_tower_calls`).
 - Generation (the HF engine, evaluation) runs inside :func:`full_weights`: all ranks gather every block once and
   keep it (no resharding after each forward), so ranks may generate different numbers of tokens, and rank 0 may
   evaluate alone, without per-token collectives; the blocks are resharded on exit.
@@ -149,3 +153,80 @@ def load_sharded_optimizer(model: torch.nn.Module, opt: torch.optim.Optimizer, f
     state = {"optim": get_optimizer_state_dict(model, opt)}
     dcp.load(state, checkpoint_id=str(folder))
     set_optimizer_state_dict(model, opt, state["optim"])
+
+
+# the pixel inputs a multimodal forward runs the vision tower on, one call each (the backbones' own forwards)
+TOWER_INPUTS = ("pixel_values", "pixel_values_videos")
+
+
+@contextmanager
+def matched_tower_calls(policy: Any, inputs: dict[str, Any]) -> Iterator[None]:
+    """Around one sharded scoring forward and the encoding of its media ``inputs`` (entered before either:
+    :meth:`mmrl.policy.Policy.matched_tower_calls`): every rank runs the vision tower
+    as many times as the rank that runs it most, so that its blocks' collectives (an all-gather per block forward; in
+    the backward an all-gather and a reduce-scatter) pair up. A micro-batch runs the tower once per modality it holds
+    (:data:`TOWER_INPUTS` given to the forward, or features already encoded: ``mm_encoder_outputs``), so a rank whose
+    micro-batch is text only, or holds images where another's holds images and videos, would skip collectives the
+    others wait in. Such a rank encodes a blank image (:func:`media_probe`) the missing number of times before its
+    forward, and adds 0 x those features to its input embeddings, so their backward runs too, after the decoder's, as
+    a real image's does. Adds nothing to the values or gradients. One object gather over the host group per forward."""
+    encoded = inputs.get("mm_encoder_outputs") or {}
+    local = len(encoded) + sum(inputs.get(k) is not None for k in TOWER_INPUTS)
+    missing = max(policy.dist.gather(local)) - local
+    if missing <= 0:
+        yield
+        return
+    fn, probe = media_probe(policy)
+    with policy.autocast():
+        outs = [fn(**probe) for _ in range(missing)]
+    zero = sum(0.0 * t.float().sum() for o in outs for t in _float_tensors(o))
+    embed = policy.model.get_input_embeddings()
+    handle = embed.register_forward_hook(lambda _m, _args, out: out + zero.to(out.dtype))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def media_probe(policy: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """The backbone's image feature function and its inputs for a blank 64 px image encoded as any prompt's
+    (:meth:`mmrl.policy.Policy.encode`), made once per policy."""
+    import base64
+    import inspect
+    import io
+
+    from PIL import Image
+
+    from mmrl.families import encoder_calls
+    from mmrl.types import Sample
+
+    cached = getattr(policy, "_media_probe", None)
+    if cached is not None:
+        return cached
+    if "image" in (calls := encoder_calls(policy.model)):
+        pixels, fn, takes = calls["image"]
+    else:
+        fn = (getattr(policy.model, "model", None) or policy.model).get_image_features
+        pixels, takes = "pixel_values", set(inspect.signature(fn).parameters)
+    png = io.BytesIO()
+    Image.new("RGB", (64, 64), (128, 128, 128)).save(png, format="PNG")
+    uri = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    ask = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "."}]}]
+    mm = policy.encode(Sample("mmrl-fsdp-probe", ask, images=[uri])).mm
+    probe = {k: v.to(policy.device) for k, v in mm.items() if k in takes}
+    probe[pixels] = probe[pixels].to(policy.model.dtype)
+    policy._media_probe = (fn, probe)
+    return policy._media_probe
+
+
+def _float_tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The floating-point tensors in an encoder output (a ModelOutput, tuples and lists of them)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _float_tensors(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _float_tensors(v)

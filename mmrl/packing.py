@@ -27,8 +27,6 @@ def packed_hidden(
     sequence alone with them (:mod:`mmrl.attention`), and no ``[N, N]`` mask is built while :data:`PACKED` is set. The media tensors are concatenated in row order as
     in a padded batch, and the hidden states are gathered back into the ``[B, T, H]`` layout of the padded path
     (the head runs only where the mask is 1)."""
-    from mmrl.policy import _padded
-
     dev = pol.device
     seq_keys = sorted({k for p in prompts for k in p.seq})
     rows, text_pos, mrope, starts = [], [], [], []
@@ -53,18 +51,12 @@ def packed_hidden(
     lengths = torch.tensor([len(r) for r in rows])
     cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(dev, torch.int32)
     mm = {k: torch.cat(v)[None].to(dev) for k, v in seq.items()}
-    for key in sorted({k for p in prompts for k in p.mm}):
-        parts = _padded(
-            [p.mm[key] for p in prompts if key in p.mm], -1 if key.endswith("position_ids") else 0
-        )
-        mm[key] = torch.cat(parts, dim=0).to(dev)
-        if mm[key].is_floating_point():
-            mm[key] = mm[key].to(pol.model.dtype)
+    mm |= _media_batch(pol, prompts, {k for p in prompts for k in p.mm})
     blocks = _media_blocks(pol, mm)
     linear_attention.install(pol.model)  # linear-attention layers restart at each sequence too
     token = PACKED.set(True)
     try:
-        with pol.autocast():
+        with pol.autocast(), pol.matched_tower_calls(mm):
             shared = encode_media_once(pol, prompts, mm)
             last = _packed_forward(pol, rows, positions, cu, lengths, mm | shared | blocks, dev)
     finally:
@@ -84,30 +76,47 @@ def packed_hidden(
 def encode_media_once(
     pol: Policy, prompts: list[EncodedPrompt], mm: dict[str, torch.Tensor]
 ) -> dict[str, Any]:
-    """Vision once per prompt: the G rows of a group share one :class:`EncodedPrompt`, whose images (and videos)
-    go through the vision tower once; the rows' features are that one encoding repeated, handed to the model as
-    ``mm_encoder_outputs`` (its pixel inputs are taken out of ``mm``). With a trainable tower the gradients of
-    all rows flow into the one encoding. Returns ``{"mm_encoder_outputs": ...}``, or nothing where the model
-    takes no precomputed features or no prompt repeats (:func:`mmrl.families.encoder_calls`). Not under FSDP:
-    there every module's forward is a collective (its shards are gathered), and one call per prompt would make
-    the ranks' collectives differ in number; the tower then runs once per micro-batch, as in the padded path."""
+    """Vision once per prompt: the G rows of a group share one :class:`EncodedPrompt`, and the vision tower encodes
+    the micro-batch's distinct prompts' images (and videos) in one call per modality, batched as a processor batches
+    them (:func:`_media_batch`); the output is split back per prompt (:func:`mmrl.families.split_encoder_outputs`)
+    and each row gets its prompt's features, handed to the model as ``mm_encoder_outputs`` (its pixel inputs are
+    taken out of ``mm``). With a trainable tower the gradients of all rows flow into the one encoding. Returns
+    ``{"mm_encoder_outputs": ...}``, or nothing where the model takes no precomputed features
+    (:func:`mmrl.families.encoder_calls`) or no prompt repeats (the model's own forward then encodes the micro-batch,
+    in one call too). One tower call per micro-batch and modality whatever the prompts, as in the padded path, so it
+    holds under FSDP, where every sharded block's forward and backward is a collective that all ranks must run
+    alike (the update gives every rank the same number of micro-batches: :class:`mmrl.update.PolicyUpdate`)."""
     calls = families.encoder_calls(pol.model)
-    if pol.sharded or not calls or len({id(p) for p in prompts}) == len(prompts):
+    if not calls or len({id(p) for p in prompts}) == len(prompts):
         return {}
-    dev, dtype = pol.device, pol.model.dtype
     out: dict[str, Any] = {}
     for modality, (pixels, fn, takes) in calls.items():
-        owners = [p for p in prompts if pixels in p.mm]
-        if not owners:
+        rows = [p for p in prompts if pixels in p.mm]
+        if not rows:
             continue
-        once: dict[int, Any] = {}
-        for p in owners:
-            if id(p) not in once:
-                kw = {k: v.to(dev) for k, v in p.mm.items() if k in takes and k != pixels}
-                once[id(p)] = fn(p.mm[pixels].to(dev, dtype), return_dict=True, **kw)
-        out[modality] = families.concat_encoder_outputs([once[id(p)] for p in owners])
+        distinct = list({id(p): p for p in rows}.values())
+        inputs = _media_batch(pol, distinct, {k for p in distinct for k in p.mm if k in takes})
+        encoded = fn(inputs.pop(pixels), return_dict=True, **inputs)
+        counts = [families.encoder_items(p.mm, pixels, takes) for p in distinct]
+        name = f"{pol.model.config.model_type} {modality}"
+        parts = dict(zip(map(id, distinct), families.split_encoder_outputs(encoded, counts, name)))
+        out[modality] = families.concat_encoder_outputs([parts[id(p)] for p in rows])
         mm.pop(pixels)
     return {"mm_encoder_outputs": out} if out else {}
+
+
+def _media_batch(pol: Policy, prompts: list[EncodedPrompt], keys: set[str]) -> dict[str, torch.Tensor]:
+    """The prompts' media tensors named in ``keys`` as one batch's, on the model's device: concatenated along dim 0
+    in order and padded past it to a common shape as a processor pads a batch (:func:`mmrl.policy._padded`: with
+    -1 for patch positions), floating-point ones in the model's dtype."""
+    from mmrl.policy import _padded
+
+    out = {}
+    for key in sorted(keys):
+        fill = -1 if key.endswith("position_ids") else 0
+        t = torch.cat(_padded([p.mm[key] for p in prompts if key in p.mm], fill), dim=0).to(pol.device)
+        out[key] = t.to(pol.model.dtype) if t.is_floating_point() else t
+    return out
 
 
 def _media_blocks(pol: Policy, mm: dict[str, torch.Tensor]) -> dict[str, Any]:

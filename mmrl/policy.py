@@ -169,13 +169,18 @@ class Policy:
         # the same ids on the device, for scoring (selective_logprobs sets them by index; no nonzero() per call)
         self.suppress_ids = torch.tensor(sorted(self._suppressed_ids), dtype=torch.long, device=self.device)
         self.sharded: list[torch.nn.Module] = []  # FSDP2 modules, root last (see shard())
+        self._gathered = False  # inside full_weights(): every rank holds the whole model
         self.replica: torch.nn.Module | None = None  # the DDP module that sums gradients (see replicate())
 
     # ---------------------------------------------------------------- FSDP2
-    def shard(self) -> None:
-        """Shard the weights over the processes with FSDP2 (:mod:`mmrl.fsdp`); build the optimizer afterwards."""
+    def shard(self, dist: Any = None) -> None:
+        """Shard the weights over the processes with FSDP2 (:mod:`mmrl.fsdp`); build the optimizer afterwards.
+        ``dist`` (:class:`mmrl.distributed.Dist`, made here if not given) matches the ranks' vision-tower calls in
+        each scoring forward (:func:`mmrl.fsdp.matched_tower_calls`)."""
+        from mmrl.distributed import Dist
         from mmrl.fsdp import shard_model
 
+        self.dist = dist or Dist()
         self.sharded = shard_model(self.model, self.compute_dtype)
 
     def replicate(self, dist: Any) -> None:
@@ -212,7 +217,11 @@ class Policy:
         from mmrl.fsdp import full_weights
 
         with full_weights(self.sharded):
-            yield
+            self._gathered = True  # forwards inside are the rank's own: no collective to match
+            try:
+                yield
+            finally:
+                self._gathered = False
 
     @classmethod
     def from_pretrained(cls, cfg: ModelConfig, path: str | None = None, *, trainable: bool = True) -> Policy:
@@ -519,7 +528,7 @@ class Policy:
         target = torch.full((len(prompts), T), self.pad_id, dtype=torch.long)
         for i, c in enumerate(completions):
             target[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
-        with self.autocast():
+        with self.autocast(), self.matched_tower_calls(mm):
             last = self._last_hidden(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
         hidden = last[:, P - 1 : P + T - 1]  # position P-1+t predicts token P+t
         return hidden, target.to(self.device), attn[:, P:].float()
@@ -542,6 +551,15 @@ class Policy:
 
         attn = getattr(self.model.config, "_attn_implementation", None)
         return self.cfg.packing and is_varlen(attn) and packing_support(self.model, self.processor, attn)[0]
+
+    def matched_tower_calls(self, mm: dict[str, Any]):
+        """Context of one scoring forward with the media ``mm`` (its vision encoding included): under FSDP, outside
+        :meth:`full_weights`, every rank runs the vision tower as often (:func:`mmrl.fsdp.matched_tower_calls`)."""
+        if not self.sharded or self._gathered:
+            return nullcontext()
+        from mmrl.fsdp import matched_tower_calls
+
+        return matched_tower_calls(self, mm)
 
     def _last_hidden(self, **inputs: Any) -> torch.Tensor:
         """The final hidden states ``[B, L, H]`` (after the last norm, before the head) of a forward with the media:

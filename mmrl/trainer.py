@@ -93,7 +93,7 @@ class Trainer:
             dist.broadcast([p for p in self.policy.model.parameters() if p.requires_grad])
         if fsdp.wanted(cfg.train.fsdp, dist.active):
             cfg.train.fsdp = True
-            self.policy.shard()  # before the optimizer: it holds the sharded parameters
+            self.policy.shard(dist)  # before the optimizer: it holds the sharded parameters
         elif dist.active:
             self.policy.replicate(dist)  # DDP sums the gradients
         # the reference: a frozen copy, or with LoRA the policy itself with adapters disabled (Policy.reference)

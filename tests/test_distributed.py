@@ -69,8 +69,11 @@ def test_two_ranks_times_half_batch_equal_one_rank_times_full_batch(tmp_path, ag
     for nproc in (1, 2):
         torchrun(nproc, str(worker), str(tmp_path), agg, str(TINY), cwd=tmp_path)
     one, two = torch.load(tmp_path / "result-1.pt"), torch.load(tmp_path / "result-2.pt")
+    # AdamW's first step is lr x m / sqrt(v): an entry whose gradient is near 0 turns the ranks' summation order into
+    # a visible step (1.7e-6 of lr 1e-3 on this machine's CPU; bitwise equal on others), so the weights are held to
+    # 1e-5 and the summed gradient itself by its norm below
     for k, w in one["weights"].items():
-        assert torch.allclose(w, two["weights"][k], atol=1e-6), k
+        assert torch.allclose(w, two["weights"][k], atol=1e-5), (k, (w - two["weights"][k]).abs().max())
     for key in ("loss", "pg_loss", "kl", "grad_norm", "clip_frac_high", "ratio_mean"):
         assert one["stats"][key] == pytest.approx(two["stats"][key], rel=1e-5, abs=1e-7), key
 

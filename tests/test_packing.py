@@ -72,8 +72,9 @@ def _completions(policy: Policy, n: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_packed_logprobs_and_gradients_equal_the_padded_path(family, tiny_family, media, monkeypatch):
-    """...and the vision tower runs once per prompt in the packed pass (the rows of a group share its encoding,
-    gradients included), where the padded pass encodes every row's media."""
+    """...and the vision tower runs once per micro-batch and modality in the packed pass, on the distinct prompts'
+    media only (the rows of a group share its encoding, gradients included), where the padded pass encodes every
+    row's media (tests/test_packing_shared_vision.py: mixed images and videos, the split, under FSDP)."""
     policy = Policy.from_pretrained(
         ModelConfig(path=str(tiny_family(family)), min_pixels=3136, max_pixels=12544)
     )
@@ -95,7 +96,7 @@ def test_packed_logprobs_and_gradients_equal_the_padded_path(family, tiny_family
 
     monkeypatch.setattr(families, "encoder_calls", counting)
     _check_packed(policy, [policy.encode(s) for s in _samples(media, video=False)], family)
-    assert calls == ["image", "image"]  # two prompts with images, each repeated: one encoding each
+    assert calls == ["image"]  # two prompts with images, each repeated: one call for both
     if policy.geometry.video_factor is not None:
         calls.clear()
         _check_packed(policy, [policy.encode(s) for s in _samples(media, video=True)], family)
@@ -238,7 +239,7 @@ def test_generation_encodes_each_prompts_media_once(family, tiny_family, media, 
     monkeypatch.setattr(families, "encoder_calls", counting)
     torch.manual_seed(0)
     shared = HFEngine(policy, batch_size=3).generate(prompts, params)
-    assert calls == ["image", "image"]  # two prompts with images, three rows each
+    assert calls == ["image"]  # two prompts with images, three rows each: one call for the generate batch
     monkeypatch.setattr(families, "encoder_calls", lambda model: {})  # the pixels of every row, as before
     torch.manual_seed(0)
     plain = HFEngine(policy, batch_size=3).generate(prompts, params)
