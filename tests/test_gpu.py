@@ -6,7 +6,10 @@
   gradient sum, evaluation split over ranks, a checkpoint written and resumed from the CPU), 2 steps + 2 resumed
   steps equal to 4 uninterrupted ones;
 - the same with FSDP2 (one GPU: sharding over one rank, the optimizer state in torch's distributed checkpoint);
-- the Dist collectives on a real NCCL default group (host tensors through the gloo host group)."""
+- the Dist collectives on a real NCCL default group (host tensors through the gloo host group);
+- packed scoring on CUDA equals the padded path (log-probs 1e-5, gradients) for a multimodal-RoPE family, Qwen3.5's
+  Gated-DeltaNet layers (mmrl.linear_attention: flash-linear-attention's kernel where installed, else the torch rule)
+  and Gemma 3's two-way image blocks."""
 
 import json
 from pathlib import Path
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from multiproc import WALL_CLOCK, shapes_run_config, torchrun
+from test_packing import media  # noqa: F401 (the fixture)
 
 from mmrl.logging import read_metrics
 
@@ -116,3 +120,17 @@ def test_dist_collectives_on_nccl(tmp_path):
         "host_group": True,
         "device": "cuda:0",
     }, res
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_5", "gemma3"])
+def test_packed_scoring_equals_padded_on_cuda(family, tiny_family, media):  # noqa: F811 (the fixture)
+    from test_packing import _check_packed, _samples
+
+    from mmrl.config import ModelConfig
+    from mmrl.policy import Policy
+
+    policy = Policy.from_pretrained(
+        ModelConfig(path=str(tiny_family(family)), device="cuda", min_pixels=3136, max_pixels=12544)
+    )
+    assert policy.device.type == "cuda" and policy.packs
+    _check_packed(policy, [policy.encode(s) for s in _samples(media, video=False)], family)
