@@ -604,6 +604,14 @@ def encoder_items(mm: dict[str, torch.Tensor], pixels: str, takes: set[str]) -> 
     return int(mm[size].shape[0])
 
 
+def encoder_tiles(mm: dict[str, torch.Tensor], pixels: str) -> int | None:
+    """For a prompt whose pixel input stacks tiles per row (``[rows, tiles, C, H, W]``: Idefics3, SmolVLM2), the tiles
+    that are not all zero: the feature function drops the all-zero padding tiles, and transformers before 5.23 returns
+    one tensor over the real tiles rather than one entry per row; None for other inputs."""
+    x = mm[pixels]
+    return int((x.flatten(2) != 0).any(-1).sum()) if x.dim() == 5 else None
+
+
 def split_encoder_outputs(output: Any, counts: list[int], name: str) -> list[Any]:
     """One vision encoder output of several prompts' media, encoded as one batch, split back into each prompt's: the
     inverse of :func:`concat_encoder_outputs`, for the same fields. ``counts`` are the prompts' items in order

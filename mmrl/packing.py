@@ -97,12 +97,24 @@ def encode_media_once(
         distinct = list({id(p): p for p in rows}.values())
         inputs = _media_batch(pol, distinct, {k for p in distinct for k in p.mm if k in takes})
         encoded = fn(inputs.pop(pixels), return_dict=True, **inputs)
-        counts = [families.encoder_items(p.mm, pixels, takes) for p in distinct]
         name = f"{pol.model.config.model_type} {modality}"
-        parts = dict(zip(map(id, distinct), families.split_encoder_outputs(encoded, counts, name)))
+        parts = dict(zip(map(id, distinct), _split(encoded, distinct, pixels, takes, name)))
         out[modality] = families.concat_encoder_outputs([parts[id(p)] for p in rows])
         mm.pop(pixels)
     return {"mm_encoder_outputs": out} if out else {}
+
+
+def _split(encoded: Any, prompts: list[EncodedPrompt], pixels: str, takes: set[str], name: str) -> list[Any]:
+    """The one encoding of ``prompts``' media cut back per prompt, by their items (:func:`families.encoder_items`),
+    or where the output holds tiles instead (Idefics3 under transformers before 5.23) by their real tiles."""
+    counts = [families.encoder_items(p.mm, pixels, takes) for p in prompts]
+    try:
+        return families.split_encoder_outputs(encoded, counts, name)
+    except ValueError:
+        tiles = [families.encoder_tiles(p.mm, pixels) for p in prompts]
+        if None in tiles:
+            raise
+        return families.split_encoder_outputs(encoded, tiles, name)
 
 
 def _media_batch(pol: Policy, prompts: list[EncodedPrompt], keys: set[str]) -> dict[str, torch.Tensor]:

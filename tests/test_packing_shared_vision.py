@@ -57,6 +57,18 @@ def test_split_cuts_every_layout_and_names_what_it_cannot():
     rows = [torch.randn(6, 4), torch.randn(2, 4)]
     parts = split_encoder_outputs(BaseModelOutputWithPooling(pooler_output=rows), [1, 1], "idefics3 image")
     assert parts[0].pooler_output == rows[:1] and isinstance(parts[1].pooler_output, list)
+    # Idefics3 under transformers before 5.23 (the vLLM venv's 5.19): one tensor over the real tiles of the
+    # [rows, tiles, C, H, W] stacks, the all-zero padding tiles dropped
+    from types import SimpleNamespace
+
+    from mmrl.packing import _split
+
+    two, three = torch.zeros(1, 3, 3, 2, 2), torch.ones(1, 3, 3, 2, 2)
+    two[0, :2] = 1.0  # 2 real tiles and a padding one
+    real = BaseModelOutputWithPooling(pooler_output=torch.randn(5, 2, 4))
+    prompts = [SimpleNamespace(mm={"pixel_values": x}) for x in (two, three)]
+    parts = _split(real, prompts, "pixel_values", {"pixel_values"}, "idefics3 image")
+    assert [p.pooler_output.shape[0] for p in parts] == [2, 3]
     wrong = r"gemma3 image: cannot split the vision encoder's pooler_output \(a tensor of shape \(5, 2, 4\)\)"
     with pytest.raises(ValueError, match=wrong):
         split_encoder_outputs(BaseModelOutputWithPooling(pooler_output=tiles), [2, 2], "gemma3 image")
