@@ -15,11 +15,22 @@ with bf16 autocast (``model.dtype: bfloat16``), AdamW, GRPO with a reward that v
 share of ASCII letters in the text), ``--prompts`` x ``--group`` rollouts of ``--tokens`` tokens per step, one image
 of ``--image`` pixels per prompt taken whole (``model.max_pixels`` = its area: 1024x784 is 1,024 visual tokens).
 
-Each setting (activation checkpointing on, off) runs in its own subprocess, so its peak is its own
+``--compare throughput`` runs the throughput issue's before/after instead, both with activation checkpointing:
+``before`` is the old update path (``model.packing: false``, ``model.attn_implementation: sdpa``, ``--micro-batch``
+rows per micro-batch in draw order, each left/right-padded to its longest row); ``after`` is today's default
+(``model.packing: true``, ``attn_implementation: auto``, rows grouped by length under ``optim.micro_batch_tokens`` =
+``--micro-batch-tokens`` and each micro-batch forwarded as one packed row). What does not switch off (vision encoded
+once per prompt, the sampler, frozen copies in the compute dtype) runs on both sides. Last line
+``s/step: before X after Y ratio Z; peak GiB: before A after B`` (Z = X / Y). ``--compare all`` (what
+``scripts/gpu-check.sh`` runs) measures ``before``, ``after`` and ``after-plain`` (``after`` without checkpointing) in
+three processes rather than four: the throughput pair, and checkpointing's cost on the path that runs by default.
+
+Each setting runs in its own subprocess, so its peak is its own
 (``torch.cuda.max_memory_allocated``; on CPU the process's peak resident size). Steps after the first are timed
 (the first compiles kernels and fills caches). Printed per setting: seconds per step (and the rollout / update
 split from the trainer's ``time/*``), rollout and training tokens/s (``sys/*``), peak memory; last line
-``s/step: checkpointing X plain Y; peak GiB: checkpointing A plain B``. Out-of-memory is reported as such, not
+``s/step: checkpointing X plain Y; peak GiB: checkpointing A plain B`` (each setting's name and numbers, and
+``ratio`` = before / after where both ran); ``results.json`` under ``--out`` is rewritten after each setting. Out-of-memory is reported as such, not
 hidden.
 """
 
@@ -149,7 +160,29 @@ def planned(cfg) -> dict:
     return {"planned_peak_gib": peak / 2**30, "planned_stage": stage}
 
 
-def run_setting(a: argparse.Namespace, checkpointing: bool) -> dict:
+SETTINGS = {
+    "checkpointing": ("checkpointing", "plain"),
+    "throughput": ("before", "after"),
+    "all": ("before", "after", "after-plain"),
+}
+
+
+def setting_overrides(a: argparse.Namespace, setting: str) -> list[str]:
+    """The config overrides that make ``setting`` differ from the others of its comparison: ``checkpointing`` and
+    ``plain`` run the defaults with activation checkpointing on and off; ``before`` is the padded path of row-count
+    micro-batches, ``after`` the packed path of token-budget micro-batches (both checkpointed); ``after-plain`` is
+    ``after`` without checkpointing."""
+    checkpointing = setting not in ("plain", "after-plain")
+    out = [f"model.gradient_checkpointing={str(checkpointing).lower()}"]
+    if setting == "before":
+        out += ["model.packing=false", "model.attn_implementation=sdpa", "optim.micro_batch_tokens=0"]
+    elif setting.startswith("after"):
+        out += ["model.packing=true", "model.attn_implementation=auto"]
+        out += [f"optim.micro_batch_tokens={a.micro_batch_tokens}"]
+    return out
+
+
+def run_setting(a: argparse.Namespace, setting: str) -> dict:
     """Train ``a.steps`` steps in this process and return the timings and the peak memory."""
     import resource
 
@@ -161,12 +194,12 @@ def run_setting(a: argparse.Namespace, checkpointing: bool) -> dict:
     width, height = (int(v) for v in a.image.split("x"))
     model = build_model(a.arch, a.cache / f"qwen2.5-vl-{a.arch}-random")
     data = write_data(a.out / "data", a.prompts, width, height)
-    out = a.out / ("checkpointing" if checkpointing else "plain")
+    out = a.out / setting
     overrides = [
         f"model.path={model}",
         f"model.device={a.device}",
         "model.dtype=bfloat16",
-        f"model.gradient_checkpointing={str(checkpointing).lower()}",
+        *setting_overrides(a, setting),
         "model.min_pixels=3136",
         f"model.max_pixels={width * height}",
         f"data.train={data}",
@@ -183,7 +216,8 @@ def run_setting(a: argparse.Namespace, checkpointing: bool) -> dict:
         "train.seed=0",
     ]
     cfg = load_config(None, overrides)
-    result: dict = {"checkpointing": checkpointing} | planned(cfg)
+    result: dict = {"setting": setting, "checkpointing": cfg.model.gradient_checkpointing} | planned(cfg)
+    result["packing"] = cfg.model.packing
     cuda = a.device.startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -222,18 +256,25 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--image", default="1024x784", help="WIDTHxHEIGHT of each prompt's image")
     p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=16384,
+        help="the token budget of --compare throughput's after",
+    )
+    p.add_argument("--compare", choices=tuple(SETTINGS), default="checkpointing")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--cache", type=Path, default=ROOT / "runs" / "gpu-step-models")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-step")
-    p.add_argument("--setting", choices=("checkpointing", "plain"), help=argparse.SUPPRESS)
+    p.add_argument("--setting", choices=sorted(set(sum(SETTINGS.values(), ()))), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.setting:  # a child: one setting, its result as the last line
-        print("RESULT " + json.dumps(run_setting(a, a.setting == "checkpointing")), flush=True)
+        print("RESULT " + json.dumps(run_setting(a, a.setting)), flush=True)
         return
     a.cache.mkdir(parents=True, exist_ok=True)
     build_model(a.arch, a.cache / f"qwen2.5-vl-{a.arch}-random")  # once, before the timed children
     results = {}
-    for setting in ("checkpointing", "plain"):
+    for setting in SETTINGS[a.compare]:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--setting", setting]
         r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         line = next((x for x in reversed(r.stdout.splitlines()) if x.startswith("RESULT ")), None)
@@ -249,15 +290,24 @@ def main() -> None:
             f"{res['planned_stage']})" + (f"; OUT OF MEMORY: {res['oom']}" if "oom" in res else ""),
             flush=True,
         )
+        a.out.mkdir(parents=True, exist_ok=True)
+        write_summary(a, results)
     a.out.mkdir(parents=True, exist_ok=True)
+    write_summary(a, results)
+    if len(results) < 2:
+        return
+    s_per_step = " ".join(f"{k} {r['s_per_step']:.2f}" for k, r in results.items())
+    peaks = " ".join(f"{k} {r['peak_gib']:.2f}" for k, r in results.items())
+    ratio = ""
+    if "before" in results and "after" in results:
+        ratio = f" ratio {results['before']['s_per_step'] / results['after']['s_per_step']:.2f}"
+    print(f"s/step: {s_per_step}{ratio}; peak GiB: {peaks}")
+
+
+def write_summary(a: argparse.Namespace, results: dict) -> None:
+    """``results.json`` under ``--out``, rewritten after each setting (a run stopped early keeps what it measured)."""
     summary = {"settings": vars(a), "results": results}
     (a.out / "results.json").write_text(json.dumps(summary, indent=1, default=str))  # paths as strings
-    if len(results) == 2:
-        c, n = results["checkpointing"], results["plain"]
-        print(
-            f"s/step: checkpointing {c['s_per_step']:.2f} plain {n['s_per_step']:.2f}; "
-            f"peak GiB: checkpointing {c['peak_gib']:.2f} plain {n['peak_gib']:.2f}"
-        )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,11 @@ tokens at sampling: mmrl always does; TRL suppresses ``<|image_pad|>`` by itself
 ``generation_kwargs={"suppress_tokens": ...}``.
 
     OMP_NUM_THREADS=1 python benchmarks/grpo_vs_trl.py [--steps 10 --warmup 2 --rounds 2 --order mmrl-first]
-        [--max-new-tokens 4 --image-size 56]
+        [--max-new-tokens 4 --image-size 56] [--device cuda]
+
+``--device cuda`` puts both sides on the GPU (still fp32, the same workload; TRL without ``use_cpu``). A step's end
+is stamped after its logged scalars are read back, which waits for the GPU on both sides. ``scripts/gpu-check.sh``
+runs it so where TRL is importable (it travels to a GPU machine as wheels: ``scripts/gpu-wheels.sh``).
 
 The last line is ``s/step: mmrl X trl Y ratio Z`` with ratio = trl / mmrl (above 1: mmrl is faster).
 """
@@ -90,6 +94,7 @@ PROMPTS, G, LR = 8, 8, 2e-4
 class Workload:
     max_new_tokens: int
     image_size: int  # pixels per side of every image, both sides
+    device: str = "cpu"
 
     @property
     def pixels(self) -> int:
@@ -160,6 +165,7 @@ def intervals(ends: list[tuple[float, float]], start: tuple[float, float]) -> tu
 def run_mmrl(data: Path, out: Path, steps: int, warmup: int, work: Workload) -> SideResult:
     overrides = [
         f"model.path={MODEL}",
+        f"model.device={work.device}",
         f"model.min_pixels={work.pixels}",
         f"model.max_pixels={work.pixels}",
         f"data.train={data / 'train.jsonl'}",
@@ -283,7 +289,7 @@ def run_trl(data: Path, out: Path, steps: int, warmup: int, work: Workload) -> S
         num_iterations=1,
         loss_type="dapo",
         gradient_checkpointing=False,
-        use_cpu=True,
+        use_cpu=work.device == "cpu",
         bf16=False,
         report_to=[],
         logging_steps=1,
@@ -367,12 +373,13 @@ def main() -> None:
     ap.add_argument("--order", choices=["mmrl-first", "trl-first"], default="mmrl-first")
     ap.add_argument("--max-new-tokens", type=int, default=4, help="completion length limit, both sides")
     ap.add_argument("--image-size", type=int, default=56, help="image side in pixels (a multiple of 28)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: both sides")
     a = ap.parse_args()
     if a.image_size % 28:
         ap.error(
             f"--image-size {a.image_size} is not a multiple of 28 (Qwen2.5-VL's patch grid); try 56 or 112"
         )
-    work = Workload(a.max_new_tokens, a.image_size)
+    work = Workload(a.max_new_tokens, a.image_size, a.device)
     hf_logging.disable_progress_bar()
     total = a.steps + a.warmup
     first = ["mmrl", "trl"] if a.order == "mmrl-first" else ["trl", "mmrl"]
@@ -380,7 +387,7 @@ def main() -> None:
     print(
         f"torch threads {torch.get_num_threads()}, {PROMPTS} prompts x G={G}, max {work.max_new_tokens} new tokens, "
         f"{work.image_size}x{work.image_size} images, "
-        f"{a.warmup} warm-up + {a.steps} measured steps per run, run order {' '.join(order)}"
+        f"{a.warmup} warm-up + {a.steps} measured steps per run, run order {' '.join(order)}, on {a.device}"
     )
     runners = {"mmrl": run_mmrl, "trl": run_trl}
     res: dict[str, list[SideResult]] = {"mmrl": [], "trl": []}

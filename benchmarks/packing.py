@@ -20,6 +20,10 @@ are padding: sum over micro-batches of ``rows x (longest prompt + longest comple
     OMP_NUM_THREADS=1 python benchmarks/packing.py [--width 256 --layers 4 --budget 4096 --rounds 2]
         [--family qwen2_5_vl|qwen3_5]
 
+``--device cuda --dtype bfloat16`` runs the same comparison on a GPU (bf16 autocast over fp32 master weights, as the
+``gpu*.yaml`` recipes; each update is timed between CUDA synchronisations, and the peak memory of each variant is
+printed beside its time). ``scripts/gpu-check.sh`` runs it so.
+
 ``--family qwen3_5`` builds a random Qwen3.5 of the same width instead (:func:`build_qwen3_5`): three of every four
 layers are Gated-DeltaNet linear attention, packed by :mod:`mmrl.linear_attention`.
 
@@ -140,7 +144,11 @@ def padding_share(batch, micros, packed: bool) -> float:
     return 1 - real / computed
 
 
-def run(variant: str, model_dir: Path, batch, budget: int) -> tuple[float, float]:
+def run(
+    variant: str, model_dir: Path, batch, budget: int, device: str = "cpu", dtype: str = "float32"
+) -> tuple[float, float, float]:
+    """One update of ``variant``: its seconds, its padded-token share and its peak memory in GiB (CUDA's allocator
+    peak; 0 on a CPU)."""
     from mmrl.config import Config, from_dict
     from mmrl.policy import Policy
     from mmrl.trainer import build_scheduler
@@ -155,6 +163,8 @@ def run(variant: str, model_dir: Path, batch, budget: int) -> tuple[float, float
                 "path": str(model_dir),
                 "packing": packed,
                 "max_pixels": 448 * 448,
+                "device": device,
+                "dtype": dtype,
             },
             "optim": {"lr": 1e-4, "micro_batch_size": 8, "micro_batch_tokens": budget if budgeted else 0},
             "algo": {"kl_coef": 0.0},
@@ -165,10 +175,21 @@ def run(variant: str, model_dir: Path, batch, budget: int) -> tuple[float, float
     opt = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=cfg.optim.lr)
     update = PolicyUpdate(cfg, policy, opt, build_scheduler(opt, cfg), temperature=1.0)
     share = padding_share(batch, micro_batches(batch, list(range(len(batch.completions))), 1, cfg), packed)
+    cuda = policy.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     with policy.training():
         update(batch, step=0)
-    return time.perf_counter() - start, share
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    del update, opt, policy
+    if cuda:
+        torch.cuda.empty_cache()
+    return seconds, share, peak
 
 
 def main() -> None:
@@ -185,6 +206,8 @@ def main() -> None:
         default="qwen2_5_vl",
         help="qwen3_5: Gated-DeltaNet layers (mmrl.linear_attention) between the attention layers",
     )
+    ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from mmrl.config import ModelConfig
@@ -200,21 +223,27 @@ def main() -> None:
         print(
             f"batch: {len(batch.completions)} rows, prompts {min(lengths)}-{max(lengths)} tokens, responses "
             f"{min(map(len, batch.completions))}-{max(map(len, batch.completions))} tokens; width {args.width}, "
-            f"{args.layers} layers ({args.family}), budget {args.budget} tokens"
+            f"{args.layers} layers ({args.family}), budget {args.budget} tokens; {args.device}, {args.dtype}"
         )
         times: dict[str, list[float]] = {"before": [], "grouped": [], "after": []}
         shares: dict[str, float] = {}
+        peaks: dict[str, float] = {}
+        if args.device.startswith("cuda"):  # CUDA: the first update of each variant loads kernels; not timed
+            for variant in ("before", "grouped", "after"):
+                run(variant, model_dir, batch, args.budget, args.device, args.dtype)
         for r in range(args.rounds):
             for variant in ("before", "grouped", "after") if r % 2 == 0 else ("after", "grouped", "before"):
-                s, share = run(variant, model_dir, batch, args.budget)
+                s, share, peak = run(variant, model_dir, batch, args.budget, args.device, args.dtype)
                 times[variant].append(s)
                 shares[variant] = share
-                print(f"round {r} {variant}: {s:.2f} s/update, padded share {share:.1%}")
+                peaks[variant] = max(peak, peaks.get(variant, 0.0))
+                memory = f", peak {peak:.2f} GiB" if peak else ""
+                print(f"round {r} {variant}: {s:.2f} s/update, padded share {share:.1%}{memory}", flush=True)
     before, after = statistics.median(times["before"]), statistics.median(times["after"])
-    print(f"| variant | s/update (median of {args.rounds}) | padded share |")
-    print("|---|---|---|")
+    print(f"| variant | s/update (median of {args.rounds}) | padded share | peak GiB |")
+    print("|---|---|---|---|")
     for v in ("before", "grouped", "after"):
-        print(f"| {v} | {statistics.median(times[v]):.2f} | {shares[v]:.1%} |")
+        print(f"| {v} | {statistics.median(times[v]):.2f} | {shares[v]:.1%} | {peaks[v]:.2f} |")
     print(
         f"padding share: before {shares['before']:.1%} after {shares['after']:.1%}; "
         f"update speed-up {before / after:.2f}"

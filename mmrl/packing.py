@@ -82,12 +82,17 @@ def encode_media_once(
     and each row gets its prompt's features, handed to the model as ``mm_encoder_outputs`` (its pixel inputs are
     taken out of ``mm``). With a trainable tower the gradients of all rows flow into the one encoding. Returns
     ``{"mm_encoder_outputs": ...}``, or nothing where the model takes no precomputed features
-    (:func:`mmrl.families.encoder_calls`) or no prompt repeats (the model's own forward then encodes the micro-batch,
+    (:func:`mmrl.families.encoder_calls`; transformers before 5.18, warned once: :func:`_warn_unshared`) or no
+    prompt repeats (the model's own forward then encodes the micro-batch,
     in one call too). One tower call per micro-batch and modality whatever the prompts, as in the padded path, so it
     holds under FSDP, where every sharded block's forward and backward is a collective that all ranks must run
     alike (the update gives every rank the same number of micro-batches: :class:`mmrl.update.PolicyUpdate`)."""
     calls = families.encoder_calls(pol.model)
-    if not calls or len({id(p) for p in prompts}) == len(prompts):
+    if len({id(p) for p in prompts}) == len(prompts):
+        return {}
+    if not calls:
+        if any(p.mm for p in prompts):
+            _warn_unshared(pol)
         return {}
     out: dict[str, Any] = {}
     for modality, (pixels, fn, takes) in calls.items():
@@ -102,6 +107,25 @@ def encode_media_once(
         out[modality] = families.concat_encoder_outputs([parts[id(p)] for p in rows])
         mm.pop(pixels)
     return {"mm_encoder_outputs": out} if out else {}
+
+
+def _warn_unshared(pol: Policy) -> None:
+    """Once per policy: the model's forward takes no precomputed vision features, so every row's media are encoded
+    (transformers added ``mm_encoder_outputs`` in 5.18; 5.16 and 5.17 train correctly, with G x the vision work)."""
+    if getattr(pol, "_warned_unshared", False):
+        return
+    pol._warned_unshared = True
+    import logging
+
+    import transformers
+
+    logging.getLogger("mmrl.policy").warning(
+        "vision once per prompt is off: %s's forward under transformers %s takes no precomputed vision features "
+        "(mm_encoder_outputs), so the media of each of a group's rows are encoded again (G x the vision tower's "
+        "work; results are the same). Fix: transformers >= 5.18.",
+        pol.model.config.model_type,
+        transformers.__version__,
+    )
 
 
 def _split(encoded: Any, prompts: list[EncodedPrompt], pixels: str, takes: set[str], name: str) -> list[Any]:

@@ -443,7 +443,9 @@ class Policy:
             kwargs["images"] = images
             kwargs["images_kwargs"] = media["images_kwargs"]
         if videos:
-            kwargs["videos"] = videos
+            # one list of videos per text, the processors' batched form: the same inputs for every family, and the
+            # form SmolVLM's processor under transformers 5.16-5.17 requires (a flat list counts frames as videos)
+            kwargs["videos"] = [videos]
             # each video carries its own rate: transformers otherwise assumes 24 fps for second_per_grid_ts
             kwargs["videos_kwargs"] = {
                 **media["videos_kwargs"],

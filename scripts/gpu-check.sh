@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# The GPU check (issue 17 §3), on a machine with CUDA and torch, transformers, accelerate and peft installed (vLLM and
-# flash-attn may be absent): every CUDA-only test (-m gpu), the Qwen2.5-VL-3B-architecture step benchmark with and
-# without activation checkpointing (planner beside each measured peak), the log-prob memory benchmark on CUDA.
-# Writes benchmarks/results/gpu-<date>.json and prints a table; about 10-15 minutes on one H100/H200.
+# The GPU check (issues 17 §3 and 19), on a machine with CUDA and torch, transformers, accelerate and peft installed
+# (vLLM and flash-attn may be absent): every CUDA-only test (-m gpu), the Qwen2.5-VL-3B-architecture step benchmark
+# before/after the throughput work and without activation checkpointing (planner beside each measured peak), the
+# packing benchmark, the log-prob memory benchmark and mmrl vs TRL, all on CUDA (benchmarks/gpu_check.py).
+# Writes benchmarks/results/gpu-<date>.json (or --out) and prints a table.
 #
-#   bash scripts/gpu-check.sh            # mmrl is imported from this checkout (installed if it is not)
+#   bash scripts/gpu-check.sh [--budget-s 540] [--out $OUT/gpu-check.json]
+#
+# mmrl is imported from this checkout (installed if it is not). .gpu-site/site.tar.xz (scripts/gpu-wheels.sh:
+# transformers at the tested version, mmrl's dependencies a bare GPU image lacks, TRL) is unpacked to /tmp/site and
+# put first on PYTHONPATH. On the `device` tool's machines (15 minutes a session, starts included):
+#   bash scripts/gpu-wheels.sh      # here, once
+#   run(carry=[".gpu-site"], timeout_s=600,
+#       command="bash scripts/gpu-check.sh --budget-s 540 --out $OUT/gpu-check.json")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -12,7 +20,11 @@ if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   echo "gpu-check: no CUDA device visible to $PY (torch.cuda.is_available() is False)" >&2
   exit 2
 fi
-if ! "$PY" -c 'import mmrl.trainer' 2>/dev/null; then
+if [ -f .gpu-site/site.tar.xz ]; then
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu-site/site.tar.xz || exit 2
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if ! "$PY" -c 'import mmrl.processors' 2>/dev/null; then  # the installed layout (a bare checkout lacks it)
   # offline machines: no dependency resolution, the checkout itself only (its dependencies must be present)
   "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 2
 fi

@@ -390,7 +390,7 @@ def test_video_frames_follow_the_video_geometry(family, policy, tmp_path):
     if geo.video_resizes:
         own = pol.processor(
             text=[prompt.text],
-            videos=[frames],
+            videos=[[frames]],  # one list per text, as Policy.encode passes them
             videos_kwargs={
                 "do_sample_frames": False,
                 "video_metadata": [

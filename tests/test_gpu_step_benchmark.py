@@ -1,7 +1,9 @@
 """The GPU check (benchmarks/gpu_check.py, run by scripts/gpu-check.sh) runs its whole code path on this CPU: the
-CUDA-only tests (skipped here, with their reason), benchmarks/gpu_step.py with the tiny architecture (both settings
-in their own processes) and the log-prob memory benchmark; then the table and the JSON. A session that is lent a
-GPU can run it at once."""
+CUDA-only tests (skipped here, with their reason), benchmarks/gpu_step.py with the tiny architecture (before / after
+the throughput work and after without checkpointing, each in its own process), the packing, log-prob memory and
+mmrl-vs-TRL benchmarks; then the table and the JSON. A session that is lent a GPU can run it at once. The
+dependencies that do not travel to a bare GPU machine (scripts/gpu-wheels.sh's LEFT_OUT) are unimportable throughout.
+Its time budget skips what cannot start in time and says so."""
 
 import json
 import os
@@ -12,31 +14,76 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _left_out_stubs(folder: Path) -> str:
+    """A folder of packages that fail on import, one per import name of the dependencies scripts/gpu-wheels.sh leaves
+    out of a GPU machine's archive: first on PYTHONPATH, they make any import of them on the check's path fail here
+    as it would there."""
+    from test_gpu_image import LEFT_OUT_MODULES
+
+    for name in LEFT_OUT_MODULES:
+        (folder / name).mkdir(parents=True)
+        (folder / name / "__init__.py").write_text(
+            f"raise ImportError('{name}: left out of the GPU archive')\n"
+        )
+    return str(folder)
+
+
+def _check(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "gpu-check.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--small"]
+    cmd += ["--work", str(tmp_path), "--out", str(out), *args]
+    env = {**ENV, "PYTHONPATH": _left_out_stubs(tmp_path / "left-out")}
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r, json.loads(out.read_text())
 
 
 @pytest.mark.slow
 def test_gpu_check_runs_every_part_on_cpu(tmp_path):
-    out = tmp_path / "gpu-check.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--small"]
-    cmd += ["--work", str(tmp_path), "--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text())
+    r, res = _check(tmp_path)
+    assert res["missing_dependencies"] == []
     assert res["tests"]["counts"].get("skipped", 0) >= 1 and not res["tests"]["counts"].get("failed")
     results = res["step"]["results"]
-    assert set(results) == {"checkpointing", "plain"}
+    assert list(results) == ["before", "after", "after-plain"]
+    assert [(s["packing"], s["checkpointing"]) for s in results.values()] == [
+        (False, True),
+        (True, True),
+        (True, False),
+    ]
     for s in results.values():
         # a random model does not stop early: every response has the requested length
         assert s["response_tokens"] == 8 and s["steps_timed"] == 1 and "oom" not in s
         assert s["s_per_step"] > 0 and s["rollout_tokens_per_s"] > 0 and s["peak_gib"] > 0
-    rows = [
-        json.loads(x)
-        for x in (tmp_path / "gpu-check-step" / "plain" / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert all(
-        x["rollout/groups_with_signal"] > 0 and x["grad_norm"] > 0 for x in rows
-    )  # the update did work
+    for setting in results:
+        rows = (tmp_path / "gpu-check-step" / setting / "metrics.jsonl").read_text().splitlines()
+        # the update did work
+        assert all(
+            json.loads(x)["rollout/groups_with_signal"] > 0 and json.loads(x)["grad_norm"] > 0 for x in rows
+        )
     assert "peak MB: mmrl" in res["logprobs"]["tail"] and res["logprobs"]["rc"] == 0
+    assert res["packing"]["rc"] == 0 and "after 0.0%; update speed-up" in res["packing"]["tail"]
+    assert res["trl"]["rc"] == 0 and "s/step: mmrl" in res["trl"]["tail"]
     table = r.stdout[r.stdout.index("part ") :]
-    assert "gpu_step plain" in table and "logprob_memory" in table and "pytest -m gpu" in table
+    for row in (
+        "pytest -m gpu",
+        "gpu_step after-plain",
+        "gpu_step             | last line",
+        "packing",
+        "trl",
+    ):
+        assert row in table, row
+    assert "ratio" in table.split("last line")[1].splitlines()[0]  # before / after
+
+
+def test_gpu_check_budget_skips_what_cannot_start(tmp_path):
+    """--budget-s 30: no part can start with a minute left; each is reported as skipped for the budget, in the JSON
+    and the table, and the check still ends cleanly."""
+    r, res = _check(tmp_path, "--parts", "logprobs,packing", "--budget-s", "30")
+    for part in ("logprobs", "packing"):
+        assert res[part]["rc"] == "skipped" and res[part]["tail"].startswith("budget:"), res[part]
+    table = r.stdout[r.stdout.index("part ") :]
+    rows = {line.split("|")[0].strip(): line for line in table.splitlines()[1:] if "|" in line}
+    assert set(rows) == {"logprobs", "packing"} and all("| skipped" in x for x in rows.values())

@@ -6,6 +6,7 @@ distinct prompts than another's no longer runs more collectives, and one whose m
 blank image where another's runs the tower (mmrl.fsdp.matched_tower_calls; without it gloo aborts on a collective
 mismatch): 2 gloo processes give the 1-process weights."""
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -211,7 +212,12 @@ def test_sharded_update_shares_the_encoding_across_uneven_ranks(tmp_path):
     # text only (a blank image twice), then no repeat
     assert calls["2-fsdp-0"]["shared"] == [0, 0, 0, 0, 0, 0]
     assert calls["2-fsdp-1"]["micro_batches"] == [8, 8, 8, 1, 8, 1]
-    assert calls["2-fsdp-1"]["shared"] == [2, 2, 3, 0, 3, 0]  # 8 of 9 rows hold all 3 groups (one text only)
+    # 8 of 9 rows hold all 3 groups (one text only); transformers before 5.18 takes no precomputed features (each
+    # row's images are encoded in the model's forward, warned: mmrl.packing._warn_unshared), the rest holds alike
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+
+    takes = "mm_encoder_outputs" in inspect.signature(Qwen2_5_VLModel.forward).parameters
+    assert calls["2-fsdp-1"]["shared"] == ([2, 2, 3, 0, 3, 0] if takes else [0] * 6)
     one, two = torch.load(tmp_path / "result-1-plain.pt"), torch.load(tmp_path / "result-2-fsdp.pt")
     assert one["weights"].keys() == two["weights"].keys()
     for k, w in one["weights"].items():
