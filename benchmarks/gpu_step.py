@@ -145,19 +145,36 @@ def write_data(folder: Path, n: int, width: int, height: int) -> Path:
     return folder / "train.jsonl"
 
 
-def planned(cfg) -> dict:
-    """What ``mmrl plan`` predicts for this run on one GPU: torch's allocator peak (the measure of
-    ``torch.cuda.max_memory_allocated``) and its stage. The prompt's text tokens are bounded by its characters plus
-    the chat template's own (~24 tokens); the image's visual tokens follow from ``model.max_pixels``."""
+def _plan_options(cfg, gpu_gib: float | None = None):
     from mmrl.memory import PlanOptions
-    from mmrl.plan import plan_run, torch_peak
 
     text = max(
         len(json.loads(x)["prompt"]) for x in Path(cfg.data.train).read_text().splitlines() if x.strip()
     )
-    p = plan_run(cfg, PlanOptions(gpus=1, nodes=1, images=1, text_tokens=text + 24), advise=False)
-    peak, stage = torch_peak(p)
+    return PlanOptions(gpus=1, nodes=1, gpu_memory_gib=gpu_gib, images=1, text_tokens=text + 24)
+
+
+def planned(cfg) -> dict:
+    """What ``mmrl plan`` predicts for this run on one GPU: torch's allocator peak (the measure of
+    ``torch.cuda.max_memory_allocated``) and its stage. The prompt's text tokens are bounded by its characters plus
+    the chat template's own (~24 tokens); the image's visual tokens follow from ``model.max_pixels``."""
+    from mmrl.plan import plan_run, torch_peak
+
+    peak, stage = torch_peak(plan_run(cfg, _plan_options(cfg), advise=False))
     return {"planned_peak_gib": peak / 2**30, "planned_stage": stage}
+
+
+def fitted(cfg, overrides: list[str], gpu_gib: float) -> tuple[object, list[str]]:
+    """``cfg`` as run on a card of ``gpu_gib``: where ``mmrl plan`` says it does not fit, with the plan's cheapest
+    change that does (``after-plain`` at the 3B shapes: 271 GiB planned at 12 rows a micro-batch, so the planner
+    lowers ``optim.micro_batch_tokens``); the changes are returned and reported, not hidden. A plan without advice
+    leaves the config as it is, and the run reports its out-of-memory."""
+    from mmrl.config import load_config
+    from mmrl.plan import plan_run
+
+    p = plan_run(cfg, _plan_options(cfg, gpu_gib))
+    changes = [x for x in (p.advice or []) if not x.startswith("--")] if not p.fits else []
+    return (load_config(None, overrides + changes) if changes else cfg), changes
 
 
 SETTINGS = {
@@ -182,20 +199,10 @@ def setting_overrides(a: argparse.Namespace, setting: str) -> list[str]:
     return out
 
 
-def run_setting(a: argparse.Namespace, setting: str) -> dict:
-    """Train ``a.steps`` steps in this process and return the timings and the peak memory."""
-    import resource
-
-    import torch
-
-    from mmrl.config import load_config
-    from mmrl.trainer import Trainer
-
+def setting_config(a: argparse.Namespace, setting: str, model: Path, data: Path) -> list[str]:
+    """The overrides of ``setting``'s run (on the defaults, as ``mmrl train`` without a recipe)."""
     width, height = (int(v) for v in a.image.split("x"))
-    model = build_model(a.arch, a.cache / f"qwen2.5-vl-{a.arch}-random")
-    data = write_data(a.out / "data", a.prompts, width, height)
-    out = a.out / setting
-    overrides = [
+    return [
         f"model.path={model}",
         f"model.device={a.device}",
         "model.dtype=bfloat16",
@@ -215,10 +222,30 @@ def run_setting(a: argparse.Namespace, setting: str) -> dict:
         "train.progress=false",
         "train.seed=0",
     ]
+
+
+def run_setting(a: argparse.Namespace, setting: str) -> dict:
+    """Train ``a.steps`` steps in this process and return the timings and the peak memory."""
+    import resource
+
+    import torch
+
+    from mmrl.config import load_config
+    from mmrl.trainer import Trainer
+
+    width, height = (int(v) for v in a.image.split("x"))
+    model = build_model(a.arch, a.cache / f"qwen2.5-vl-{a.arch}-random")
+    data = write_data(a.out / "data", a.prompts, width, height)
+    out = a.out / setting
+    overrides = setting_config(a, setting, model, data)
     cfg = load_config(None, overrides)
-    result: dict = {"setting": setting, "checkpointing": cfg.model.gradient_checkpointing} | planned(cfg)
-    result["packing"] = cfg.model.packing
     cuda = a.device.startswith("cuda")
+    changes: list[str] = []
+    if cuda:
+        cfg, changes = fitted(cfg, overrides, torch.cuda.get_device_properties(a.device).total_memory / 2**30)
+    result: dict = {"setting": setting, "checkpointing": cfg.model.gradient_checkpointing} | planned(cfg)
+    result.update(packing=cfg.model.packing, planner_changes=changes)
+    result["micro_batch_tokens"] = cfg.optim.micro_batch_tokens
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -247,7 +274,7 @@ def run_setting(a: argparse.Namespace, setting: str) -> dict:
     return result
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", choices=("3b", "tiny"), default="3b")
     p.add_argument("--device", default="cuda")
@@ -267,7 +294,11 @@ def main() -> None:
     p.add_argument("--cache", type=Path, default=ROOT / "runs" / "gpu-step-models")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-step")
     p.add_argument("--setting", choices=sorted(set(sum(SETTINGS.values(), ()))), help=argparse.SUPPRESS)
-    a = p.parse_args()
+    return p
+
+
+def main() -> None:
+    a = parser().parse_args()
     if a.setting:  # a child: one setting, its result as the last line
         print("RESULT " + json.dumps(run_setting(a, a.setting)), flush=True)
         return
@@ -287,7 +318,13 @@ def main() -> None:
             f"{res['rollout_s']:.2f} s, update {res['update_s']:.2f} s); rollout {res['rollout_tokens_per_s']:.0f} "
             f"tokens/s, training {res['train_tokens_per_s']:.0f} tokens/s; {res['response_tokens']:.0f} tokens per "
             f"response; peak {res['peak_gib']:.2f} GiB (planned {res['planned_peak_gib']:.2f} GiB, "
-            f"{res['planned_stage']})" + (f"; OUT OF MEMORY: {res['oom']}" if "oom" in res else ""),
+            f"{res['planned_stage']})"
+            + (
+                f"; changed by the planner to fit: {' '.join(res['planner_changes'])}"
+                if res["planner_changes"]
+                else ""
+            )
+            + (f"; OUT OF MEMORY: {res['oom']}" if "oom" in res else ""),
             flush=True,
         )
         a.out.mkdir(parents=True, exist_ok=True)

@@ -375,11 +375,12 @@ def setup(cfg: Config, opts: PlanOptions | None = None) -> Setup:
     pixels_low = bool(frozen) and first is not None and (lora or is_vision_param(first, shapes.decoder))
     rows = cfg.train.prompts_per_step * cfg.rollout.n // hw.world  # this rank's rows per step
     per_mini = max(1, math.ceil(rows / cfg.algo.mini_batches))
+    seq = sequence(cfg, shapes, opts)
     return Setup(
         cfg=cfg,
         shapes=shapes,
         hw=hw,
-        seq=sequence(cfg, shapes, opts),
+        seq=seq,
         mode=mode,
         fsdp=fsdp,
         ddp=hw.world > 1 and not fsdp,
@@ -392,8 +393,8 @@ def setup(cfg: Config, opts: PlanOptions | None = None) -> Setup:
         # under LoRA the frozen tower's activations are kept and back-propagated through
         vision_graph=shapes.vision is not None
         and (vision_trainable or (lora and cfg.model.gradient_checkpointing)),
-        micro=max(1, min(_micro_rows(cfg), per_mini)),
-        micro_nograd=max(1, min(cfg.optim.micro_batch_size, rows)),
+        micro=max(1, min(_micro_rows(cfg, seq.total), per_mini)),
+        micro_nograd=max(1, min(_micro_rows(cfg, seq.total, whole=False), rows)),
         ref_copy=cfg.algo.kl_coef > 0 and not lora,
         old_forward=cfg.algo.old_logprobs == "recompute" or _needs_entropy(cfg),
     )
@@ -409,13 +410,18 @@ def _frozen_low(shapes: ModelShapes, cfg: Config) -> int:
     return shapes.vision_matmul_weights if cfg.model.freeze_vision else 0
 
 
-def _micro_rows(cfg: Config) -> int:
-    """The update's micro-batch rows: whole groups for a loss that needs them (:meth:`PolicyUpdate._micro_batches`)."""
+def _micro_rows(cfg: Config, row_tokens: int, whole: bool = True) -> int:
+    """Rows in a micro-batch (:func:`mmrl.update.micro_batches`): blocks of whole groups for a loss that needs them
+    (``whole``: the update; the no-grad scoring passes take single rows); ``optim.micro_batch_size`` rows, or with
+    ``optim.micro_batch_tokens`` as many blocks of rows of ``row_tokens`` (the longest prompt + response) as the
+    budget holds, at least one."""
     from mmrl.algos import LOSSES
 
-    G, mb = cfg.rollout.n, cfg.optim.micro_batch_size
-    whole = bool(getattr(LOSSES.get(cfg.algo.loss), "needs_whole_groups", False))
-    return max(G, mb // G * G) if whole else mb
+    G, mb, budget = cfg.rollout.n, cfg.optim.micro_batch_size, cfg.optim.micro_batch_tokens
+    unit = G if whole and getattr(LOSSES.get(cfg.algo.loss), "needs_whole_groups", False) else 1
+    if budget > 0:
+        return max(1, budget // (unit * max(1, row_tokens))) * unit
+    return max(unit, mb // unit * unit)
 
 
 def _needs_entropy(cfg: Config) -> bool:

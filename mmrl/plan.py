@@ -296,15 +296,17 @@ def _try(cfg: Config, overrides: list[str], opts: PlanOptions) -> Plan | None:
 
 def _advice(cfg: Config, opts: PlanOptions) -> list[str] | None:
     """The cheapest change that fits: each group of changes is tried (with the micro-batch as configured, then
-    halved) on top of the best change of the groups before it (the one that lowered the peak most and keeps the
-    run startable), in the module docstring's order."""
+    halved: ``optim.micro_batch_tokens`` where set, else ``optim.micro_batch_size``) on top of the best change of the
+    groups before it (the one that lowered the peak most and keeps the run startable), in the module docstring's
+    order."""
     given, done = opts, []
     best = _try(cfg, [], opts)
     for group in _change_groups(cfg, setup(cfg, opts), opts):
         tried = []
         for changes, new_opts in group:
-            for micro in [None, *_halvings(cfg.optim.micro_batch_size)]:
-                trial = done + changes + ([f"optim.micro_batch_size={micro}"] if micro else [])
+            for micro in [None, *_halvings(cfg.optim.micro_batch_tokens or cfg.optim.micro_batch_size)]:
+                key = "micro_batch_tokens" if cfg.optim.micro_batch_tokens > 0 else "micro_batch_size"
+                trial = done + changes + ([f"optim.{key}={micro}"] if micro else [])
                 p = _try(cfg, trial, new_opts)
                 if p is not None and p.fits:
                     return trial + _options_text(new_opts, given)

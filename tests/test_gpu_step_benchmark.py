@@ -87,3 +87,29 @@ def test_gpu_check_budget_skips_what_cannot_start(tmp_path):
     table = r.stdout[r.stdout.index("part ") :]
     rows = {line.split("|")[0].strip(): line for line in table.splitlines()[1:] if "|" in line}
     assert set(rows) == {"logprobs", "packing"} and all("| skipped" in x for x in rows.values())
+
+
+def test_the_planner_fits_each_setting_to_the_card(tmp_path):
+    """On CUDA each setting runs as ``mmrl plan`` fits it to the card: at the 3B shapes on a 139 GiB H200 the
+    checkpointed settings run as configured, and ``after-plain`` (no checkpointing, 12 rows of 1,332 tokens a
+    micro-batch: 271 GiB planned) gets the plan's cheapest change, a smaller token budget, reported in its result."""
+    import importlib.util
+
+    from mmrl.config import load_config
+    from mmrl.plan import plan_run
+
+    spec = importlib.util.spec_from_file_location("gpu_step", ROOT / "benchmarks" / "gpu_step.py")
+    gpu_step = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_step)
+    a = gpu_step.parser().parse_args(["--compare", "all"])
+    data = gpu_step.write_data(tmp_path, 2, 32, 32)
+    config = ROOT / "assets" / "configs" / "Qwen2.5-VL-3B-Instruct"
+    runs = {}
+    for setting in ("before", "after", "after-plain"):
+        overrides = gpu_step.setting_config(a, setting, config, data)
+        cfg, changes = gpu_step.fitted(load_config(None, overrides), overrides, 139.0)
+        runs[setting] = changes
+        assert plan_run(cfg, gpu_step._plan_options(cfg, 139.0), advise=False).fits, setting
+    assert runs["before"] == runs["after"] == []
+    assert len(runs["after-plain"]) == 1 and runs["after-plain"][0].startswith("optim.micro_batch_tokens=")
+    assert int(runs["after-plain"][0].split("=")[1]) < a.micro_batch_tokens

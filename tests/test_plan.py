@@ -165,6 +165,43 @@ def test_sharding_lora_and_activations_by_hand():
     )  # every trainable matmul weight
 
 
+def test_a_token_budget_sets_the_planned_micro_batch_rows():
+    """``optim.micro_batch_tokens`` (mmrl.update.micro_batches): as many rows of the longest sequence (180 tokens
+    here) as the budget holds, at least one, in the update and the scoring passes alike; blocks of whole groups
+    (G = 8) for a loss that needs them, whose scoring passes still take single rows. Without it, the row count."""
+    base = [
+        "model.dtype=bfloat16",
+        "model.max_pixels=12544",
+        "rollout.max_new_tokens=64",
+        "optim.micro_batch_size=4",
+    ]
+    opts = plan.PlanOptions(text_tokens=100, images=1)
+    rows = {}
+    for budget, loss in (
+        (0, "clipped"),
+        (400, "clipped"),
+        (100, "clipped"),
+        (4000, "clipped"),
+        (4000, "reg_grpo"),
+    ):
+        s = memory.setup(_tiny([*base, f"optim.micro_batch_tokens={budget}", f"algo.loss={loss}"]), opts)
+        assert s.seq.total == 180
+        rows[budget, loss] = (s.micro, s.micro_nograd)
+    assert rows == {
+        (0, "clipped"): (4, 4),
+        (400, "clipped"): (2, 2),
+        (100, "clipped"): (1, 1),
+        (4000, "clipped"): (22, 22),
+        (4000, "reg_grpo"): (16, 22),
+    }
+    # the advice halves the budget it was given, not the row count it does not use
+    big = plan.plan_run(
+        _tiny([*base, "optim.micro_batch_tokens=4000", "model.gradient_checkpointing=false"]),
+        plan.PlanOptions(text_tokens=100, images=1, gpu_memory_gib=1.1),  # 1.13 GiB planned, 1.09 at half
+    )
+    assert not big.fits and big.advice == ["optim.micro_batch_tokens=2000"], big.advice
+
+
 def test_frozen_matmul_weights_are_planned_in_bf16_as_the_policy_stores_them():
     """Under bf16 Policy.from_pretrained stores the frozen Linear/Conv weights in bf16 (tests/test_frozen_dtype.py):
     the tiny model's text projections 2 x 147,456 (q 128x128, k/v 128x64, o 128x128, MLP 3 x 128x256) and its
