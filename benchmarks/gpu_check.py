@@ -2,7 +2,7 @@
 the end and the numbers in ``benchmarks/results/gpu-<date>.json`` (``--out``). ``scripts/gpu-check.sh`` runs it; on a
 lent GPU machine it is the first thing to run.
 
-    python benchmarks/gpu_check.py [--budget-s 540] [--out $OUT/gpu-check.json]     # a CUDA machine
+    python benchmarks/gpu_check.py [--budget-s 520] [--out $OUT/gpu-check.json]     # a CUDA machine
     OMP_NUM_THREADS=1 python benchmarks/gpu_check.py --device cpu --small   # the same code path on a CPU
 
 Parts, in this order (the most needed first), each in its own subprocess with its own time limit; a part that fails

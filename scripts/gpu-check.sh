@@ -5,24 +5,30 @@
 # packing benchmark, the log-prob memory benchmark and mmrl vs TRL, all on CUDA (benchmarks/gpu_check.py).
 # Writes benchmarks/results/gpu-<date>.json (or --out) and prints a table.
 #
-#   bash scripts/gpu-check.sh [--budget-s 540] [--out $OUT/gpu-check.json]
+#   bash scripts/gpu-check.sh [--budget-s 520] [--out $OUT/gpu-check.json]
 #
 # mmrl is imported from this checkout (installed if it is not). .gpu-site/site.tar.xz (scripts/gpu-wheels.sh:
-# transformers at the tested version, mmrl's dependencies a bare GPU image lacks, TRL) is unpacked to /tmp/site and
-# put first on PYTHONPATH. On the `device` tool's machines (15 minutes a session, starts included):
+# transformers at the tested version, mmrl's dependencies a bare GPU image lacks, TRL) is unpacked to
+# /tmp/mmrl-gpu-site and put first on PYTHONPATH. On the `device` tool's machines (15 minutes a session, starts included):
 #   bash scripts/gpu-wheels.sh      # here, once
 #   run(carry=[".gpu-site"], timeout_s=600,
-#       command="bash scripts/gpu-check.sh --budget-s 540 --out $OUT/gpu-check.json")
+#       command="bash scripts/gpu-check.sh --budget-s 520 --out $OUT/gpu-check.json")
+# (520 s for the parts leaves the unpacking and install below, about 30 s, and the results' return inside the call's
+# 600 s; with a machine's start, about 12 of the 15 minutes. The JSON is rewritten after every part.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  echo "gpu-check: no CUDA device visible to $PY (torch.cuda.is_available() is False)" >&2
-  exit 2
-fi
-if [ -f .gpu-site/site.tar.xz ]; then
-  mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu-site/site.tar.xz || exit 2
-  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+SITE=${GPU_SITE:-.gpu-site/site.tar.xz}  # another archive (GPU_SITE=...) for a rehearsal with another Python
+case " $* " in
+  *" --device cpu "*) ;;  # a rehearsal of the whole path on a CPU (with --small)
+  *) if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+       echo "gpu-check: no CUDA device visible to $PY (torch.cuda.is_available() is False)" >&2
+       exit 2
+     fi ;;
+esac
+if [ -f "$SITE" ]; then
+  rm -rf /tmp/mmrl-gpu-site && mkdir -p /tmp/mmrl-gpu-site && tar -C /tmp/mmrl-gpu-site -xJf "$SITE" || exit 2
+  export PYTHONPATH=/tmp/mmrl-gpu-site${PYTHONPATH:+:$PYTHONPATH}
 fi
 if ! "$PY" -c 'import mmrl.processors' 2>/dev/null; then  # the installed layout (a bare checkout lacks it)
   # offline machines: no dependency resolution, the checkout itself only (its dependencies must be present)

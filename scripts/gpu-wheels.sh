@@ -8,7 +8,7 @@
 # The wheels are unpacked for CPython 3.12 on x86-64 and packed as one solid xz archive: python sources compress about
 # 10x that way against about 1.5x as wheels, and the tree (~50 MB) with what it carries must stay under 64 MiB.
 # Left out: decord and av (video), pypdfium2 and openslide (the LaTeX and pathology rewards), playwright (needs
-# Chromium): none is on the check's path. scripts/gpu-check.sh unpacks the archive to /tmp/site first.
+# Chromium): none is on the check's path. scripts/gpu-check.sh unpacks it to /tmp/mmrl-gpu-site first.
 #
 #   bash scripts/gpu-wheels.sh     # then: run(carry=[".gpu-site"], command="bash scripts/gpu-check.sh ...")
 #   GPU_PYTHON=3.11 GPU_SITE=/tmp/site311.tar.xz bash scripts/gpu-wheels.sh   # for another Python, elsewhere

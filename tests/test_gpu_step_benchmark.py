@@ -33,9 +33,12 @@ def _left_out_stubs(folder: Path) -> str:
 
 def _check(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = tmp_path / "gpu-check.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--small"]
+    # through the script a GPU machine runs (its CUDA requirement waived for --device cpu)
+    cmd = ["bash", str(ROOT / "scripts" / "gpu-check.sh"), "--device", "cpu", "--small"]
     cmd += ["--work", str(tmp_path), "--out", str(out), *args]
-    env = {**ENV, "PYTHONPATH": _left_out_stubs(tmp_path / "left-out")}
+    stubs = _left_out_stubs(tmp_path / "left-out")
+    # this Python's own packages, not a GPU archive that scripts/gpu-wheels.sh may have left in the checkout
+    env = {**ENV, "PYTHON": sys.executable, "PYTHONPATH": stubs, "GPU_SITE": str(tmp_path / "no-archive")}
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     return r, json.loads(out.read_text())
