@@ -9,20 +9,21 @@ Parts, in this order (the most needed first), each in its own subprocess with it
 or runs out of time is reported as such and the others still run:
 1. ``tests``: ``pytest -m gpu`` (tests/test_gpu.py): CUDA log-probs, a world-size-1 NCCL run through the distributed
    code path (DDP and FSDP2, resumed), the Dist collectives on NCCL, packed scoring equal to padded on CUDA;
-2. ``step``: ``benchmarks/gpu_step.py --compare all``: s/step, tokens/s and peak memory of a
+2. ``packing``: ``benchmarks/packing.py --device cuda --dtype bfloat16``: padded-token share and s/update, padded vs
+   packed, on a wider random Qwen2.5-VL (about a minute);
+3. ``step``: ``benchmarks/gpu_step.py --compare all``: s/step, tokens/s and peak memory of a
    Qwen2.5-VL-3B-architecture GRPO step, before (padded row micro-batches) and after (packed token-budget
    micro-batches) the throughput work, and after without activation checkpointing; each peak beside the memory
    planner's prediction for the same run;
-3. ``packing``: ``benchmarks/packing.py --device cuda --dtype bfloat16``: padded-token share and s/update, padded vs
-   packed, on a wider random Qwen2.5-VL;
 4. ``logprobs``: ``benchmarks/logprob_memory.py --device cuda``: the chunked log-prob's peak against the naive one;
 5. ``trl``: ``benchmarks/grpo_vs_trl.py --device cuda`` at the honest shape (64 new tokens, 112 px), where TRL is
    importable (a GPU machine without it gets it as wheels: ``scripts/gpu-wheels.sh``); else reported as skipped.
 
 ``--budget-s`` bounds the whole check: each part gets a shorter limit of its own (:func:`commands`), cut further to
 the time left (less a margin), and a part that cannot start with a minute left is reported as skipped for the
-budget. The JSON is rewritten after every part, so a
-check stopped from outside keeps what it finished. Before the parts, a pre-flight lists mmrl's declared
+budget; the step benchmark then times one step per setting after its warm-up step, not two. The JSON is rewritten
+after every part (and gpu_step's ``results.json`` after every setting), so a check stopped from outside keeps what
+it finished. Before the parts, a pre-flight lists mmrl's declared
 dependencies that are not installed; ``import mmrl.trainer`` failing stops the check there (every part needs it).
 
 The table printed last has one row per measured quantity; the JSON keeps each part's full output tail.
@@ -43,7 +44,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("tests", "step", "packing", "logprobs", "trl")
+PARTS = ("tests", "packing", "step", "logprobs", "trl")
 MARGIN_S = 15  # left between a part's limit and the budget's end, for the JSON and the table
 MIN_START_S = 60  # a part is not started with less than this left
 
@@ -135,12 +136,14 @@ def commands(a: argparse.Namespace, py: str) -> dict[str, tuple[list[str], int, 
             "3",
         ]
         trl += ["--steps", "5", "--warmup", "2", "--rounds", "2"]
+        if a.budget_s:  # a lease: a 3B setting is about a minute to load and 20-30 s a step
+            step += ["--steps", "2"]
     return {
-        "tests": ([py, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py"], 900, 240),
+        "tests": ([py, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py"], 900, 200),
+        "packing": (packing, 600, 90),
         "step": (step, 1500, 330),
-        "packing": (packing, 600, 120),
-        "logprobs": (logprobs, 600, 60),
-        "trl": (trl, 900, 180),
+        "logprobs": (logprobs, 600, 45),
+        "trl": (trl, 900, 150),
     }
 
 
