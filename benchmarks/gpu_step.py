@@ -30,8 +30,8 @@ Each setting runs in its own subprocess, so its peak is its own
 (the first compiles kernels and fills caches). Printed per setting: seconds per step (and the rollout / update
 split from the trainer's ``time/*``), rollout and training tokens/s (``sys/*``), peak memory; last line
 ``s/step: checkpointing X plain Y; peak GiB: checkpointing A plain B`` (each setting's name and numbers, and
-``ratio`` = before / after where both ran); ``results.json`` under ``--out`` is rewritten after each setting. Out-of-memory is reported as such, not
-hidden.
+``ratio`` = before / after where both ran); ``results.json`` under ``--out`` is rewritten after each setting.
+Out-of-memory is reported as such, not hidden.
 """
 
 from __future__ import annotations
@@ -304,6 +304,7 @@ def main() -> None:
         return
     a.cache.mkdir(parents=True, exist_ok=True)
     build_model(a.arch, a.cache / f"qwen2.5-vl-{a.arch}-random")  # once, before the timed children
+    a.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for setting in SETTINGS[a.compare]:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--setting", setting]
@@ -327,10 +328,8 @@ def main() -> None:
             + (f"; OUT OF MEMORY: {res['oom']}" if "oom" in res else ""),
             flush=True,
         )
-        a.out.mkdir(parents=True, exist_ok=True)
         write_summary(a, results)
-    a.out.mkdir(parents=True, exist_ok=True)
-    write_summary(a, results)
+    write_summary(a, results)  # also when no setting finished
     if len(results) < 2:
         return
     s_per_step = " ".join(f"{k} {r['s_per_step']:.2f}" for k, r in results.items())

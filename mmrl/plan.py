@@ -300,12 +300,12 @@ def _advice(cfg: Config, opts: PlanOptions) -> list[str] | None:
     groups before it (the one that lowered the peak most and keeps the run startable), in the module docstring's
     order."""
     given, done = opts, []
+    key = "micro_batch_tokens" if cfg.optim.micro_batch_tokens > 0 else "micro_batch_size"
     best = _try(cfg, [], opts)
     for group in _change_groups(cfg, setup(cfg, opts), opts):
         tried = []
         for changes, new_opts in group:
-            for micro in [None, *_halvings(cfg.optim.micro_batch_tokens or cfg.optim.micro_batch_size)]:
-                key = "micro_batch_tokens" if cfg.optim.micro_batch_tokens > 0 else "micro_batch_size"
+            for micro in [None, *_halvings(getattr(cfg.optim, key))]:
                 trial = done + changes + ([f"optim.{key}={micro}"] if micro else [])
                 p = _try(cfg, trial, new_opts)
                 if p is not None and p.fits:
