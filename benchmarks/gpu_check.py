@@ -24,7 +24,7 @@ the time left (less a margin), and a part that cannot start with a minute left i
 budget; the step benchmark then times one step per setting after its warm-up step, not two. The JSON is rewritten
 after every part (and gpu_step's ``results.json`` after every setting), so a check stopped from outside keeps what
 it finished. Before the parts, a pre-flight lists mmrl's declared
-dependencies that are not installed; ``import mmrl.trainer`` failing stops the check there (every part needs it).
+dependencies that are not installed; ``import mmrl.train.trainer`` failing stops the check there (every part needs it).
 
 The table printed last has one row per measured quantity; the JSON keeps each part's full output tail.
 """
@@ -183,12 +183,12 @@ def main() -> None:
     res["missing_dependencies"] = missing = missing_dependencies()
     if missing:
         print(f"pre-flight: mmrl's dependencies not installed here: {', '.join(missing)}", flush=True)
-    pre = subprocess.run([py, "-c", "import mmrl.trainer"], capture_output=True, text=True, cwd=ROOT, env=env)
+    pre = subprocess.run([py, "-c", "import mmrl.train.trainer"], capture_output=True, text=True, cwd=ROOT, env=env)
     if pre.returncode:
         res["preflight"] = {"rc": pre.returncode, "tail": pre.stderr[-3000:]}
         save()
         sys.exit(
-            f"gpu-check: `import mmrl.trainer` fails, so every part would:\n{pre.stderr[-1500:]}\n"
+            f"gpu-check: `import mmrl.train.trainer` fails, so every part would:\n{pre.stderr[-1500:]}\n"
             "Carry them: scripts/gpu-wheels.sh here, then carry .gpu-site (scripts/gpu-check.sh unpacks it)."
         )
     cmds = commands(a, py)

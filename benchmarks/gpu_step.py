@@ -65,7 +65,7 @@ def make_config(arch: str):
     """The Qwen2.5-VL config of ``arch``'s shapes, with the bundled tokenizer's special-token ids."""
     from transformers import AutoConfig, AutoTokenizer, Qwen2_5_VLConfig
 
-    from mmrl.tiny import QWEN_SPECIAL_TOKENS, TEXT_ARCH, VISION_ARCH
+    from mmrl.tiny.qwen2_5_vl import QWEN_SPECIAL_TOKENS, TEXT_ARCH, VISION_ARCH
 
     tok = AutoTokenizer.from_pretrained(TINY)
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
@@ -146,7 +146,7 @@ def write_data(folder: Path, n: int, width: int, height: int) -> Path:
 
 
 def _plan_options(cfg, gpu_gib: float | None = None):
-    from mmrl.memory import PlanOptions
+    from mmrl.plan.memory import PlanOptions
 
     text = max(
         len(json.loads(x)["prompt"]) for x in Path(cfg.data.train).read_text().splitlines() if x.strip()
@@ -158,7 +158,7 @@ def planned(cfg) -> dict:
     """What ``mmrl plan`` predicts for this run on one GPU: torch's allocator peak (the measure of
     ``torch.cuda.max_memory_allocated``) and its stage. The prompt's text tokens are bounded by its characters plus
     the chat template's own (~24 tokens); the image's visual tokens follow from ``model.max_pixels``."""
-    from mmrl.plan import plan_run, torch_peak
+    from mmrl.plan.planner import plan_run, torch_peak
 
     peak, stage = torch_peak(plan_run(cfg, _plan_options(cfg), advise=False))
     return {"planned_peak_gib": peak / 2**30, "planned_stage": stage}
@@ -170,7 +170,7 @@ def fitted(cfg, overrides: list[str], gpu_gib: float) -> tuple[object, list[str]
     lowers ``optim.micro_batch_tokens``); the changes are returned and reported, not hidden. A plan without advice
     leaves the config as it is, and the run reports its out-of-memory."""
     from mmrl.config import load_config
-    from mmrl.plan import plan_run
+    from mmrl.plan.planner import plan_run
 
     p = plan_run(cfg, _plan_options(cfg, gpu_gib))
     changes = [x for x in (p.advice or []) if not x.startswith("--")] if not p.fits else []
@@ -231,7 +231,7 @@ def run_setting(a: argparse.Namespace, setting: str) -> dict:
     import torch
 
     from mmrl.config import load_config
-    from mmrl.trainer import Trainer
+    from mmrl.train.trainer import Trainer
 
     width, height = (int(v) for v in a.image.split("x"))
     model = build_model(a.arch, a.cache / f"qwen2.5-vl-{a.arch}-random")

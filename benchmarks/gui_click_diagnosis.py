@@ -48,7 +48,7 @@ PART_NAMES = ("type", "coord", "format")
 def load(model: str | None, overrides: list[str]) -> tuple[Any, Any, Any, Any]:
     """The recipe's config, its policy (frozen), the HF engine and the recipe's composite reward."""
     from mmrl.config import load_config
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
     from mmrl.rewards.compose import CompositeReward
     from mmrl.rollout.hf import HFEngine
 
@@ -104,7 +104,7 @@ def analyse(sample: Any, ri: Any, result: Any) -> dict[str, Any]:
 
 def run(engine: Any, reward: Any, policy: Any, samples: list[Any], temperature: float, n: int, max_new: int):
     """``[prompt][sample]`` analyses and completions at one temperature (0 = greedy)."""
-    from mmrl.collect import reward_inputs
+    from mmrl.train.collect import reward_inputs
     from mmrl.rollout import SamplingParams
 
     prompts = [policy.encode(s) for s in samples]
@@ -378,7 +378,7 @@ def image_use(cfg: Any, samples: list[Any], answers: list[list[int]]) -> dict[st
     (the checkpoint's greedy answers, teacher-forced) put on them, per layer (eager attention, a second copy)."""
     import torch
 
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
 
     policy = Policy.from_pretrained(replace_field(cfg.model, attn_implementation="eager"), trainable=False)
     image_id = policy.tokenizer.convert_tokens_to_ids("<|image_pad|>")

@@ -1,8 +1,8 @@
 """Speed of the chunked head's training pass (log-probs + entropy forward, then backward): mmrl's written-out
 backward for a linear head against autograd through activation-checkpointed chunks, the path it replaced (and still
-the path of a wrapped head, soft-capping or an entropy bonus; :mod:`mmrl.logprobs`).
+the path of a wrapped head, soft-capping or an entropy bonus; :mod:`mmrl.model.logprobs`).
 
-Both run :func:`mmrl.logprobs.selective_logprobs` on the same tensors and head; the peer with ``fused=False``.
+Both run :func:`mmrl.model.logprobs.selective_logprobs` on the same tensors and head; the peer with ``fused=False``.
 Shapes: ``tiny`` is the GRPO benchmark's update (64 completions of 64 tokens = 4,096 rows, hidden 128, the tiny
 Qwen2.5-VL's 3,018-token vocabulary); ``qwen`` is 1,024 rows of hidden 512 over Qwen2.5-VL's 151,936 tokens.
 Temperature 0.9, five suppressed ids, chunks of 1,024 rows, a per-token weighted loss; gradients reach the hidden
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from mmrl.logprobs import selective_logprobs
+from mmrl.model.logprobs import selective_logprobs
 
 SHAPES = {"tiny": (4096, 128, 3018), "qwen": (1024, 512, 151_936)}
 

@@ -4,7 +4,7 @@ Workload (issue 6, item 4): hidden states of the tiny model's width (128) and Qw
 B=8 sequences x T=1024 tokens, one language-model head; the loss is the mean sampled-token log-prob, backpropagated
 to the hidden states and the head; the entropy is computed as the trainer logs it.
 
-- mmrl: :func:`mmrl.logprobs.selective_logprobs` (fp32 logits of ``--chunk`` rows at a time, checkpointed).
+- mmrl: :func:`mmrl.model.logprobs.selective_logprobs` (fp32 logits of ``--chunk`` rows at a time, checkpointed).
 - naive: ``log_softmax(head(h).float() / temperature)`` over the whole ``[B, T, V]``, gather, and
   ``-(exp(logp) * logp).sum(-1)`` for the entropy: the path mmrl itself used before (and most trainers use).
 
@@ -38,7 +38,7 @@ def _workload(variant: str, B: int, T: int, chunk: int, device: str, save: str) 
     import psutil
     import torch
 
-    from mmrl.logprobs import selective_logprobs
+    from mmrl.model.logprobs import selective_logprobs
 
     torch.manual_seed(0)
     head = torch.nn.Linear(WIDTH, VOCAB, bias=False).to(device)

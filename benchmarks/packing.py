@@ -25,7 +25,7 @@ are padding: sum over micro-batches of ``rows x (longest prompt + longest comple
 printed beside its time). ``scripts/gpu-check.sh`` runs it so.
 
 ``--family qwen3_5`` builds a random Qwen3.5 of the same width instead (:func:`build_qwen3_5`): three of every four
-layers are Gated-DeltaNet linear attention, packed by :mod:`mmrl.linear_attention`.
+layers are Gated-DeltaNet linear attention, packed by :mod:`mmrl.model.linear_attention`.
 
 Last line: ``padding share: before X after Y; update speed-up Z`` (Z = before / after s/update).
 """
@@ -81,7 +81,7 @@ def build_qwen3_5(out: Path, width: int, layers: int) -> Path:
     released, with linear-attention heads of 64 (``width // 64`` value heads, half as many key heads)."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from mmrl.tiny import build_tiny
+    from mmrl.tiny.qwen2_5_vl import build_tiny
 
     build_tiny(out, family="qwen3_5")
     conf = AutoConfig.from_pretrained(out)
@@ -106,7 +106,7 @@ def build_qwen3_5(out: Path, width: int, layers: int) -> Path:
 
 def make_batch(policy, rng: np.random.Generator, tmp: Path, prompts: int, G: int):
     from mmrl.types import Sample
-    from mmrl.update import RolloutBatch
+    from mmrl.train.update import RolloutBatch
 
     words = "the red circle left of a blue square above green triangle shape colour table cell".split()
     suppressed = set(policy.suppressed_token_ids) | set(policy.eos_ids) | {policy.pad_id}
@@ -150,9 +150,9 @@ def run(
     """One update of ``variant``: its seconds, its padded-token share and its peak memory in GiB (CUDA's allocator
     peak; 0 on a CPU)."""
     from mmrl.config import Config, from_dict
-    from mmrl.policy import Policy
-    from mmrl.trainer import build_scheduler
-    from mmrl.update import PolicyUpdate, micro_batches
+    from mmrl.model.policy import Policy
+    from mmrl.train.trainer import build_scheduler
+    from mmrl.train.update import PolicyUpdate, micro_batches
 
     packed = variant == "after"
     budgeted = variant != "before"
@@ -204,14 +204,14 @@ def main() -> None:
         "--family",
         choices=("qwen2_5_vl", "qwen3_5"),
         default="qwen2_5_vl",
-        help="qwen3_5: Gated-DeltaNet layers (mmrl.linear_attention) between the attention layers",
+        help="qwen3_5: Gated-DeltaNet layers (mmrl.model.linear_attention) between the attention layers",
     )
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from mmrl.config import ModelConfig
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

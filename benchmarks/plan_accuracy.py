@@ -5,7 +5,7 @@
     OMP_NUM_THREADS=1 python benchmarks/plan_accuracy.py --arch tiny --real     # the tiny model, real tensors too
 
 What is measured. The real Qwen2.5-VL-3B and 7B architectures (the shipped config folders under
-``assets/configs/``) are built under torch's ``FakeTensorMode`` (``torch._subclasses.fake_tensor``): every tensor
+``mmrl/plan/configs/``) are built under torch's ``FakeTensorMode`` (``torch._subclasses.fake_tensor``): every tensor
 has its real shape, dtype and storage size but no data, so a 7B training step runs in seconds and a few hundred MB
 of host memory. The step is mmrl's own code, unchanged: ``Policy.from_pretrained`` (fp32 master weights, bf16
 autocast, gradient checkpointing, LoRA via peft), ``Policy.logprobs`` (the chunked fp32 head) for pi_old and the
@@ -20,7 +20,7 @@ rest = activations and temporaries). Measured per component: the policy's weight
 gradients after the backward, the AdamW state after the step, the peak of the rest during the update's forwards
 and backwards (activations, the autocast bf16 weight copies, the chunked head's buffers, backward temporaries),
 during the optimizer step (its temporaries), and during each no-grad log-prob forward. The planner
-(:func:`mmrl.plan.plan_run`) is asked the same questions about the same run (its prompt length set to the one
+(:func:`mmrl.plan.planner.plan_run`) is asked the same questions about the same run (its prompt length set to the one
 measured), and the table gives planned GiB, measured GiB and their ratio; the last line is
 ``worst ratio <component>: X (within 15%: yes|no)``.
 
@@ -282,7 +282,7 @@ def _run_config(args: argparse.Namespace, checkpointing: bool) -> Any:
 
 def measure(args: argparse.Namespace, checkpointing: bool, real: bool = False) -> dict[str, Any]:
     """One training step of ``args.arch`` (fake tensors unless ``real``): bytes per component (see the docstring)."""
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
 
     fake = None if real else FakeTensorMode(allow_non_fake_inputs=True)
     shadow = None if real else Shadow(fake)
@@ -296,9 +296,9 @@ def measure(args: argparse.Namespace, checkpointing: bool, real: bool = False) -
 
 
 def _step(args: argparse.Namespace, cfg: Any, policy: Any, ref: Any, modes: Any) -> dict[str, Any]:
-    from mmrl.trainer import build_scheduler
+    from mmrl.train.trainer import build_scheduler
     from mmrl.types import Sample
-    from mmrl.update import PolicyUpdate, RolloutBatch
+    from mmrl.train.update import PolicyUpdate, RolloutBatch
 
     sample = Sample(
         "m", [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe."}]}]
@@ -392,7 +392,7 @@ COMPONENTS = (
 def planned(args: argparse.Namespace, checkpointing: bool, measured: dict[str, Any]) -> dict[str, float]:
     """The planner's numbers for the measured run (its prompt length set to the measured one): the rows ``mmrl plan``
     prints for the update stage, and the activation peaks it takes the maximum of."""
-    from mmrl import memory, plan
+    from mmrl.plan import memory, planner as plan
 
     cfg = _run_config(args, checkpointing)
     cfg.model.path = str(ARCHS[args.arch])
@@ -414,7 +414,7 @@ def planned(args: argparse.Namespace, checkpointing: bool, measured: dict[str, A
 
 
 def _text_tokens(args: argparse.Namespace, measured: dict[str, Any]) -> int:
-    from mmrl import memory
+    from mmrl.plan import memory
 
     cfg = _run_config(args, True)
     cfg.model.path = str(ARCHS[args.arch])

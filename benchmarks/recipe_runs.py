@@ -25,7 +25,7 @@ def train_recipe(
     """Train ``recipe`` into ``out`` (replacing a previous run there); return the config, the metrics rows and the
     wall-clock seconds."""
     from mmrl.config import load_config
-    from mmrl.trainer import Trainer
+    from mmrl.train.trainer import Trainer
 
     common = [
         f"train.seed={seed}",

@@ -45,7 +45,7 @@ import torch
 from PIL import Image
 
 from mmrl.config import ModelConfig
-from mmrl.policy import Policy
+from mmrl.model.policy import Policy
 from mmrl.rollout import ENGINES, SamplingParams
 from mmrl.types import Sample
 

@@ -30,10 +30,10 @@ def heldout_parts(cfg: Any, model_path: str | Path) -> dict[str, float]:
     """Greedy answers of ``model_path`` to the run's held-out records, scored part by part by the run's reward."""
     import torch
 
-    from mmrl.collect import reward_inputs
+    from mmrl.train.collect import reward_inputs
     from mmrl.data import load_split
     from mmrl.eval.runner import make_engine
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
     from mmrl.recipes.table2latex.convert import table_shape
     from mmrl.rewards.latex_table import extract_block, latex_table
     from mmrl.rewards.latex_table_html import LatexTableParseError, latex_to_html

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mmrl.beta import BetaTracker
+from mmrl.algos.beta import BetaTracker
 from mmrl.samplers import UniformSampler, VadeSampler
 
 

@@ -72,7 +72,7 @@ def main() -> None:
     a = p.parse_args()
     from mmrl.config import load_config
     from mmrl.data import ensure_built, load_split
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
 
     cfg = load_config(a.recipe)
     ensure_built(cfg.data.train, cfg.data.builder)

@@ -31,7 +31,7 @@ def _exit_cleanly_on_sigterm() -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from mmrl.checks import check_rewards
+    from mmrl.train.checks import check_rewards
     from mmrl.config import load_config
 
     overrides = list(args.overrides)
@@ -39,13 +39,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"train.max_steps={args.max_steps}")
     cfg = load_config(args.config, overrides)
     check_rewards(cfg)  # the most common mistake, answered before torch is imported
-    from mmrl.plan import preflight
+    from mmrl.plan.planner import preflight
 
     preflight(cfg, force=args.force)  # a GPU run that cannot fit is refused before any model loads
 
-    from mmrl.report import write_report
-    from mmrl.rundir import RunFinished
-    from mmrl.trainer import Trainer
+    from mmrl.run.report import write_report
+    from mmrl.run.rundir import RunFinished
+    from mmrl.train.trainer import Trainer
 
     try:
         trainer = Trainer(cfg, args.output_dir, resume=args.resume, overwrite=args.overwrite)
@@ -68,7 +68,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from mmrl.config import load_config
-    from mmrl.plan import PlanOptions, format_plan, plan_run
+    from mmrl.plan.planner import PlanOptions, format_plan, plan_run
 
     cfg = load_config(args.config, list(args.overrides))
     opts = PlanOptions(
@@ -86,7 +86,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from mmrl.report import write_report
+    from mmrl.run.report import write_report
 
     summary = write_report(args.run_dir, gallery_steps=args.steps)
     print(f"report: {summary['html']}  {summary['markdown']}")
@@ -96,7 +96,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_sft(args: argparse.Namespace) -> int:
     from mmrl.config import load_config
-    from mmrl.sft import run_sft
+    from mmrl.train.sft import run_sft
 
     cfg = load_config(args.config, list(args.overrides))
     path = run_sft(cfg, args.output_dir)
@@ -105,7 +105,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _cmd_build_tiny(args: argparse.Namespace) -> int:
-    from mmrl.tiny import FAMILIES, build_tiny
+    from mmrl.tiny.qwen2_5_vl import FAMILIES, build_tiny
 
     if args.family not in FAMILIES:
         print(f"error: unknown family {args.family!r}; choose one of {', '.join(FAMILIES)}", file=sys.stderr)
@@ -161,7 +161,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from mmrl.rewards.base import REWARDS
     from mmrl.rollout import ENGINES
     from mmrl.samplers import SAMPLERS
-    from mmrl.trackers import TRACKERS
+    from mmrl.run.trackers import TRACKERS
 
     rows = {
         "presets (algo.preset)": sorted(PRESETS),
@@ -182,7 +182,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from mmrl import reward_cli
+    from mmrl.rewards import cli as reward_cli
 
     p = argparse.ArgumentParser(prog="mmrl", description="RL post-training for vision-language models")
     sub = p.add_subparsers(dest="command", required=True)
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--family",
         default="qwen2_5_vl",
-        help="qwen2_5_vl (bundled), qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe or gemma3 (mmrl.tiny.FAMILIES)",
+        help="qwen2_5_vl (bundled), qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe or gemma3 (mmrl.tiny.qwen2_5_vl.FAMILIES)",
     )
     b.add_argument("--out", default=None, help="default: assets/tiny-qwen2.5-vl, or assets/tiny-<family>")
     b.add_argument("--seed", type=int, default=0)

@@ -35,7 +35,7 @@ class LoraConfig:
     dropout: float = opt("dropout on the LoRA branch's input (all other dropout stays off)", 0.0)
     target_modules: list[str] | str = opt(
         "module names (or one regex) that get adapters; 'auto': every Linear of the language model, read from the "
-        "checkpoint's module names (mmrl.families.lora_targets)",
+        "checkpoint's module names (mmrl.model.families.lora_targets)",
         "auto",
     )
     vision: bool = opt(
@@ -61,7 +61,7 @@ class ModelConfig:
     device: str = opt("'auto' (cuda if present, else cpu), 'cpu', 'cuda', 'cuda:1', ...", "auto")
     attn_implementation: str | None = opt(
         "'auto' (flash_attention_2 on CUDA where flash-attn is installed, else mmrl_sdpa: torch's SDPA that attends "
-        "each sequence of a packed micro-batch alone; mmrl/attention.py), 'sdpa', 'eager', 'flash_attention_2', or "
+        "each sequence of a packed micro-batch alone; mmrl/model/attention.py), 'sdpa', 'eager', 'flash_attention_2', or "
         "None for transformers' default",
         "auto",
     )
@@ -71,7 +71,7 @@ class ModelConfig:
     coordinate_frame: Literal["model_pixels", "relative_1000", "relative_1", "original_pixels"] | None = opt(
         "frame the model writes points and boxes in, for grounding rewards and scorers: model_pixels (the resized "
         "image), relative_1000 (0-1000 of width and height), relative_1 (0-1) or original_pixels; None = the "
-        "family's own (mmrl.families.COORDINATE_FRAMES)",
+        "family's own (mmrl.model.families.COORDINATE_FRAMES)",
         None,
     )
     chat_template_kwargs: dict[str, Any] = opt(
@@ -98,7 +98,7 @@ class ModelConfig:
     )
     packing: bool = opt(
         "score a micro-batch as one packed row without padding (positions restart per sequence, M-RoPE included; "
-        "each sequence attended alone) where the family and the attention support it (mmrl.families."
+        "each sequence attended alone) where the family and the attention support it (mmrl.model.families."
         "packing_support, a varlen attn_implementation); false: left/right-padded rows",
         True,
     )
@@ -278,7 +278,7 @@ class TrainConfig:
     tensorboard: bool = opt("also write TensorBoard event files (as tensorboard in train.trackers)", False)
     trackers: list[str] = opt(
         "experiment trackers that get every metrics.jsonl row and the logged rollouts' images: tensorboard, wandb, "
-        "mlflow, swanlab (optional packages: pip install 'mmrl[trackers]'; mmrl/trackers.py)",
+        "mlflow, swanlab (optional packages: pip install 'mmrl[trackers]'; mmrl/run/trackers.py)",
         factory=list,
     )
     tracker_options: dict[str, dict[str, Any]] = opt(
@@ -303,7 +303,7 @@ class TrainConfig:
         "memory for encoded prompts (tensors and resized media), least recently used out", 1024
     )
     fsdp: bool | None = opt(
-        "shard the policy over the processes with FSDP2 (mmrl/fsdp.py); null: when the launcher asks "
+        "shard the policy over the processes with FSDP2 (mmrl/model/fsdp.py); null: when the launcher asks "
         "(accelerate's FSDP configs); ignored in one process",
         None,
     )

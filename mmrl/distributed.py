@@ -28,7 +28,7 @@ How a step is split, so that N ranks x B/N rows give exactly the update of 1 ran
   overlap the backward of the last micro-batch, ``no_sync`` across the others, a communication hook that sums instead
   of averaging. The policy scores a batch (backbone + the chunked language-model head, which runs outside the HF
   model's ``forward``) inside the DDP module's ``forward``, so DDP's hooks see the whole graph. With ``train.fsdp``
-  the policy is sharded instead and FSDP2's reduce-scatter does the sum (:mod:`mmrl.fsdp`);
+  the policy is sharded instead and FSDP2's reduce-scatter does the sum (:mod:`mmrl.model.fsdp`);
 - every rank starts from rank 0's weights: a checkpoint loads identically everywhere, and fresh LoRA adapters (drawn
   from each rank's own RNG stream) are broadcast from rank 0 before training or sharding;
 - rank 0 writes logs, reports and the HF weights; every rank saves and restores its own RNG; evaluation is split

@@ -13,9 +13,9 @@ Reference (``RewardInput.reference``, a dict or its JSON string), in ORIGINAL im
 keys are accepted too: ``gt_bbox`` (2 numbers = point, 4 = box) and ``input_text`` (``"no input text"`` = none).
 
 The model answers in its family's coordinate frame, ``metadata["coordinate_frame"]`` (set by the collector from the
-policy, :mod:`mmrl.families`: ``model_pixels`` for Qwen2.5-VL, ``relative_1000`` for Qwen3-VL and Qwen3.5,
+policy, :mod:`mmrl.model.families`: ``model_pixels`` for Qwen2.5-VL, ``relative_1000`` for Qwen3-VL and Qwen3.5,
 ``original_pixels``; ``model_pixels`` when absent); points are mapped to original pixels with
-:func:`mmrl.families.frame_to_original` using ``metadata["image_sizes"][0]`` (original ``[w, h]``) and
+:func:`mmrl.model.families.frame_to_original` using ``metadata["image_sizes"][0]`` (original ``[w, h]``) and
 ``metadata["model_image_sizes"][0]`` (model ``[w, h]``). Without those two the mapping is the identity (a warning is
 logged once): give them whenever the model saw a resized image.
 
@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mmrl.families import DEFAULT_FRAME, frame_to_original
+from mmrl.model.families import DEFAULT_FRAME, frame_to_original
 from mmrl.rewards.base import register_reward
 from mmrl.rewards.text import extract_answer, is_think_answer, token_f1
 from mmrl.types import RewardInput, RewardResult

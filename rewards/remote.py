@@ -1,4 +1,4 @@
-"""The ``remote`` reward: score a batch on reward servers (``mmrl reward serve``, :mod:`mmrl.reward_server`).
+"""The ``remote`` reward: score a batch on reward servers (``mmrl reward serve``, :mod:`mmrl.rewards.server`).
 
     rewards:
       - name: remote

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from multiproc import shapes_run_config
 
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "recipes" / "accelerate").glob("*.yaml"))

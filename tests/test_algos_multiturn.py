@@ -9,7 +9,7 @@ import torch
 
 from mmrl.algos import ADVANTAGES, AdvantageInput, GiGPO, Turn
 from mmrl.algos.advantages import dr_grpo_advantages
-from mmrl.checks import check_components
+from mmrl.train.checks import check_components
 from mmrl.cli import main
 from mmrl.config import ConfigError, load_config
 

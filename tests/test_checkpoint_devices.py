@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.serialization
 
-from mmrl.checkpoint import load_training_state, save_checkpoint
+from mmrl.run.checkpoint import load_training_state, save_checkpoint
 
 
 class _Saved:

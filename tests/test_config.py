@@ -17,7 +17,7 @@ def test_types_are_checked():
         from_dict(Config, {"rollout": {"n": "eight"}})
     with pytest.raises(ConfigError, match=r"algo.kl_in: 'rewards' is not one of .*did you mean 'reward'"):
         from_dict(Config, {"algo": {"kl_in": "rewards"}})
-    # registered names (loss_agg, advantage, ...) are checked against their registries by mmrl.checks, before any
+    # registered names (loss_agg, advantage, ...) are checked against their registries by mmrl.train.checks, before any
     # model loads: tests/test_hardening_runs.py::test_config_errors_are_one_line_before_any_model_loads
     cfg = from_dict(Config, {"optim": {"lr": 1}})
     assert isinstance(cfg.optim.lr, float)

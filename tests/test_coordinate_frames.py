@@ -1,4 +1,4 @@
-"""Coordinate frames of grounding rewards, per family (:mod:`mmrl.families`): a point or a box the model writes in its
+"""Coordinate frames of grounding rewards, per family (:mod:`mmrl.model.families`): a point or a box the model writes in its
 family's frame (Qwen2-VL: 0-1000; Qwen2.5-VL: pixels of the resized image; Qwen3-VL and Qwen3.5: 0-1000; Gemma 3: model pixels, an
 assumption) maps back onto the original screenshot, for the GUI reward, the pathology region IoU and the ScreenSpot
 scorer alike, on screenshot-like sizes of several aspect ratios; ``model.coordinate_frame`` overrides the family's.
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmrl.collect import reward_inputs
+from mmrl.train.collect import reward_inputs
 from mmrl.config import ConfigError, ModelConfig, from_dict
 from mmrl.eval import get_benchmark
 from mmrl.eval.base import EvalItem
-from mmrl.families import COORDINATE_FRAMES, ModelView, coordinate_frame, frame_to_original
-from mmrl.policy import Policy
+from mmrl.model.families import COORDINATE_FRAMES, ModelView, coordinate_frame, frame_to_original
+from mmrl.model.policy import Policy
 from mmrl.rewards.gui import gui_action
 from mmrl.rewards.pathology import pathology
 from mmrl.types import RewardInput, Sample
@@ -66,7 +66,7 @@ def _click(x: float, y: float) -> str:
 
 
 def test_the_family_frame_is_read_from_the_checkpoint(tiny_family):
-    from mmrl.tiny import FAMILIES as BUILT
+    from mmrl.tiny.qwen2_5_vl import FAMILIES as BUILT
 
     assert set(FAMILIES) == set(BUILT)  # every family build-tiny makes is tested here
     for family, frame in FAMILIES.items():

@@ -56,7 +56,7 @@ def test_every_collective_runs_where_the_default_group_serves_no_host_tensors(tm
 
 # the only modules that may call torch.distributed: Dist itself, and the FSDP2 module (torch's sharding and
 # distributed-checkpoint APIs, whose collectives run on the parameters' own device)
-ALLOWED = {"mmrl/distributed.py", "mmrl/fsdp.py"}
+ALLOWED = {"mmrl/distributed.py", "mmrl/model/fsdp.py"}
 
 
 def test_no_collective_outside_dist():

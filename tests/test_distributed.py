@@ -11,7 +11,7 @@ import pytest
 import torch
 from multiproc import WALL_CLOCK, shapes_run_config, torchrun
 
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
@@ -21,9 +21,9 @@ import sys, torch
 from PIL import Image
 from mmrl.config import load_config
 from mmrl.distributed import Dist
-from mmrl.policy import Policy
+from mmrl.model.policy import Policy
 from mmrl.types import Sample
-from mmrl.update import PolicyUpdate, RolloutBatch
+from mmrl.train.update import PolicyUpdate, RolloutBatch
 
 out, agg, tiny = sys.argv[1], sys.argv[2], sys.argv[3]
 dist = Dist()

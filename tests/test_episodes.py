@@ -1,4 +1,4 @@
-"""The multi-turn episode driver (mmrl/episodes.py): observation turns appended as token deltas equal the whole
+"""The multi-turn episode driver (mmrl/rollout/episodes.py): observation turns appended as token deltas equal the whole
 conversation's encoding, the HF engine's per-turn log-probs equal one training forward over the whole trajectory
 (images of later turns included), spans and masks, suppression of vision placeholders, the limits that end
 episodes, and failures that end one episode only.
@@ -20,7 +20,7 @@ from PIL import Image
 from mmrl.config import ModelConfig
 from mmrl.data import load_dataset
 from mmrl.envs import EnvPool
-from mmrl.episodes import (
+from mmrl.rollout.episodes import (
     ImageBudget,
     all_media,
     end_of_turn,
@@ -28,8 +28,8 @@ from mmrl.episodes import (
     run_episodes,
     trajectory_logprobs,
 )
-from mmrl.families import is_vision_param, language_model_prefix
-from mmrl.policy import Policy
+from mmrl.model.families import is_vision_param, language_model_prefix
+from mmrl.model.policy import Policy
 from mmrl.rollout import HFEngine, SamplingParams
 from mmrl.types import Sample
 

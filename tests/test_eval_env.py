@@ -1,5 +1,5 @@
 """Env benchmarks (mmrl/eval/episodic.py: ``zoom``, ``gui_agent``) through ``mmrl eval`` and ``mmrl compare``, and
-in-training validation with ``rollout.env`` (mmrl/validation.py).
+in-training validation with ``rollout.env`` (mmrl/train/validation.py).
 
 The tiny model answers with near-random text, so its runs check that the metrics are what the rows written say
 (success, pooled step accuracy, turns, returns, ends) and that resume regenerates only the missing items. Exact
@@ -15,16 +15,16 @@ import pytest
 
 import mmrl.eval.runner as runner
 from mmrl.cli import main
-from mmrl.collect import Collector
+from mmrl.train.collect import Collector
 from mmrl.config import Config, ModelConfig, from_dict
 from mmrl.data import load_dataset
 from mmrl.distributed import Dist
-from mmrl.episodes import end_of_turn
+from mmrl.rollout.episodes import end_of_turn
 from mmrl.eval.episodic import ENDS, episode_summary
-from mmrl.policy import Policy
+from mmrl.model.policy import Policy
 from mmrl.rollout.base import Completion
 from mmrl.rollout.hf import HFEngine
-from mmrl.validation import Validator
+from mmrl.train.validation import Validator
 
 TINY = str(Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl")
 PIXELS = ["min_pixels=3136", "max_pixels=3136"]  # the zoom recipe's tiny budget: 56 x 56 model pixels
@@ -268,7 +268,7 @@ def test_gui_agent_oracle_episodes_succeed(tmp_path, monkeypatch, capsys):
     """Two generated apps: the env's oracle actions (teacher-forced episodes give their texts) played back by the
     scripted engine succeed with every step the oracle's; breakdowns by app kind and task."""
     from mmrl.envs import EnvPool
-    from mmrl.episodes import run_episodes
+    from mmrl.rollout.episodes import run_episodes
     from mmrl.recipes.gui_agent.data import build
     from mmrl.rollout import SamplingParams
 

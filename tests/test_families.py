@@ -15,13 +15,13 @@ from PIL import Image
 
 from mmrl.cli import main
 from mmrl.config import ModelConfig
-from mmrl.families import VisionGeometry, is_vision_param, language_model_prefix, vision_geometry
-from mmrl.logging import read_metrics
-from mmrl.policy import Policy
+from mmrl.model.families import VisionGeometry, is_vision_param, language_model_prefix, vision_geometry
+from mmrl.run.metrics import read_metrics
+from mmrl.model.policy import Policy
 from mmrl.processors.image import ImageGeometry
 from mmrl.rewards.gui import to_original
 from mmrl.rollout import HFEngine, SamplingParams
-from mmrl.tiny import FAMILIES, build_tiny
+from mmrl.tiny.qwen2_5_vl import FAMILIES, build_tiny
 from mmrl.types import Sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,7 +226,7 @@ def test_vision_token_count_matches_the_processor(family, policy, images):
 def _expected_image_tokens(family: str, processor, w: int, h: int) -> int:
     """The image-feature tokens of one ``w x h`` image, from the processor's config alone (each tiny module
     re-implements its family's tiling rule)."""
-    from mmrl import tiny_idefics, tiny_internvl_llava, tiny_llama4_gemma4
+    from mmrl.tiny import idefics as tiny_idefics, internvl_llava as tiny_internvl_llava, llama4_gemma4 as tiny_llama4_gemma4
 
     if family in ("internvl", "llava_onevision"):
         return tiny_internvl_llava.expected_image_tokens(processor, w, h)
@@ -433,7 +433,7 @@ def test_a_bos_written_by_the_template_is_not_added_again(family, policy, images
 def test_thinking_prompts_and_the_rewards_view_of_them(family, tiny_family, images):
     """Qwen3.5's generation prompt opens a think block: the rewards see it before the completion (so a
     <think>...</think><answer> format check passes); model.chat_template_kwargs switches thinking off."""
-    from mmrl.collect import reward_inputs
+    from mmrl.train.collect import reward_inputs
 
     sample = _sample("s", [images[SIZES[0]]])
     think = Policy.from_pretrained(ModelConfig(path=str(tiny_family(family))), trainable=False)
@@ -500,7 +500,7 @@ def test_qwen3_vl_moe_experts_are_saved_and_streamed_as_released(tiny_family):
     is written as released, loads back to the same weights, and the engine's weight stream sends the file's layout."""
     from safetensors.torch import load_file
 
-    from mmrl.families import release_transposes
+    from mmrl.model.families import release_transposes
 
     path = tiny_family("qwen3_vl_moe")
     saved = load_file(path / "model.safetensors")

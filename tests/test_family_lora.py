@@ -6,16 +6,16 @@ import pytest
 import torch
 
 from mmrl.config import LoraConfig, ModelConfig
-from mmrl.families import language_model_prefix
-from mmrl.policy import Policy
-from mmrl.tiny import FAMILIES
+from mmrl.model.families import language_model_prefix
+from mmrl.model.policy import Policy
+from mmrl.tiny.qwen2_5_vl import FAMILIES
 
 # leaf names of Linear layers the default set must adapt, beyond attention q/k/v/o and the dense MLP
 MUST = {
     "qwen3_5": {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"},
     "qwen3_5_moe": {"in_proj_qkv", "out_proj", "shared_expert_gate"},
     "qwen3_vl_moe": set(),
-    # layer 0's dense MLP and the shared experts: peft's v4-MoE renaming would drop both (mmrl.lora._native_peft_targets)
+    # layer 0's dense MLP and the shared experts: peft's v4-MoE renaming would drop both (mmrl.model.lora._native_peft_targets)
     "glm4v_moe": {"gate_proj", "up_proj", "down_proj"},
 }
 

@@ -1,4 +1,4 @@
-"""Frozen weights in the compute dtype (:meth:`mmrl.policy.Policy.from_pretrained`): under ``model.dtype: bfloat16``
+"""Frozen weights in the compute dtype (:meth:`mmrl.model.policy.Policy.from_pretrained`): under ``model.dtype: bfloat16``
 LoRA's frozen base and a ``freeze_vision`` tower keep their Linear/Conv weights in bf16, everything trainable (and
 the head, embeddings, norms, biases) in fp32. Autocast rounded those weights to bf16 at every use, so the policy, the
 reference (adapters disabled), HF generation, gradients and whole training runs are bit for bit those of the policy
@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 
 from mmrl.cli import main
 from mmrl.config import LoraConfig, ModelConfig
-from mmrl.logging import read_metrics
-from mmrl.policy import Policy
+from mmrl.run.metrics import read_metrics
+from mmrl.model.policy import Policy
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFEngine
 from mmrl.types import Sample

@@ -1,6 +1,6 @@
 """FSDP2 on CPU (gloo, 2 processes, torchrun): one optimizer step of the sharded policy equals the 1-process step;
 a sharded tiny run completes, resumes exactly, writes full HF weights that transformers loads, and matches the
-unsharded 2-process run's first steps. (mmrl/fsdp.py; the same code runs on GPUs with nccl.)"""
+unsharded 2-process run's first steps. (mmrl/model/fsdp.py; the same code runs on GPUs with nccl.)"""
 
 from pathlib import Path
 
@@ -9,7 +9,7 @@ import torch
 from multiproc import WALL_CLOCK, shapes_run_config, torchrun
 from transformers import AutoModelForImageTextToText
 
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
@@ -19,9 +19,9 @@ import sys, torch
 from PIL import Image
 from mmrl.config import load_config
 from mmrl.distributed import Dist
-from mmrl.policy import Policy
+from mmrl.model.policy import Policy
 from mmrl.types import Sample
-from mmrl.update import PolicyUpdate, RolloutBatch
+from mmrl.train.update import PolicyUpdate, RolloutBatch
 
 out, seed, tiny, shard = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "fsdp"
 dist = Dist()
@@ -204,7 +204,7 @@ def test_sharded_lora_run_resumes_and_saves_the_adapter_and_merged_model(tmp_pat
 
 
 def test_fsdp_follows_the_setting_then_the_launcher_and_never_shards_without_a_launcher(monkeypatch):
-    from mmrl.fsdp import wanted
+    from mmrl.model.fsdp import wanted
 
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
     assert not wanted(None, True) and wanted(True, True) and not wanted(True, False)
@@ -216,7 +216,7 @@ def test_fsdp_follows_the_setting_then_the_launcher_and_never_shards_without_a_l
 
 def test_fsdp_with_the_vllm_engine_passes_the_preflight(monkeypatch):
     """FSDP2 + vLLM streams the weights from the shards (tests/test_vllm_train.py runs it); no longer refused."""
-    from mmrl.checks import check_components
+    from mmrl.train.checks import check_components
     from mmrl.config import load_config
     from mmrl.rollout import ENGINES
 
@@ -225,7 +225,7 @@ def test_fsdp_with_the_vllm_engine_passes_the_preflight(monkeypatch):
 
 
 def test_resuming_with_another_fsdp_setting_names_the_fix(tmp_path):
-    from mmrl.checkpoint import load_training_state
+    from mmrl.run.checkpoint import load_training_state
 
     lin = torch.nn.Linear(2, 2)
     opt = torch.optim.AdamW(lin.parameters())

@@ -8,7 +8,7 @@
 - the same with FSDP2 (one GPU: sharding over one rank, the optimizer state in torch's distributed checkpoint);
 - the Dist collectives on a real NCCL default group (host tensors through the gloo host group);
 - packed scoring on CUDA equals the padded path (log-probs 1e-5, gradients) for a multimodal-RoPE family, Qwen3.5's
-  Gated-DeltaNet layers (mmrl.linear_attention: flash-linear-attention's kernel where installed, else the torch rule)
+  Gated-DeltaNet layers (mmrl.model.linear_attention: flash-linear-attention's kernel where installed, else the torch rule)
   and Gemma 3's two-way image blocks."""
 
 import json
@@ -19,7 +19,7 @@ import torch
 from multiproc import WALL_CLOCK, shapes_run_config, torchrun
 from test_packing import media  # noqa: F401 (the fixture)
 
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -34,7 +34,7 @@ def test_engine_logprobs_equal_training_forward_on_cuda(dtype, tmp_path):
     from PIL import Image
 
     from mmrl.config import load_config
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
     from mmrl.rollout import ENGINES
     from mmrl.rollout.base import SamplingParams
     from mmrl.types import Sample
@@ -127,7 +127,7 @@ def test_packed_scoring_equals_padded_on_cuda(family, tiny_family, media):  # no
     from test_packing import _check_packed, _samples
 
     from mmrl.config import ModelConfig
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
 
     policy = Policy.from_pretrained(
         ModelConfig(path=str(tiny_family(family)), device="cuda", min_pixels=3136, max_pixels=12544)

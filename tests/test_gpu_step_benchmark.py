@@ -99,7 +99,7 @@ def test_the_planner_fits_each_setting_to_the_card(tmp_path):
     import importlib.util
 
     from mmrl.config import load_config
-    from mmrl.plan import plan_run
+    from mmrl.plan.planner import plan_run
 
     spec = importlib.util.spec_from_file_location("gpu_step", ROOT / "benchmarks" / "gpu_step.py")
     gpu_step = importlib.util.module_from_spec(spec)

@@ -12,8 +12,8 @@ import torch
 from PIL import Image
 
 from mmrl.config import ModelConfig, load_config
-from mmrl.logprobs import selective_logprobs
-from mmrl.policy import Policy
+from mmrl.model.logprobs import selective_logprobs
+from mmrl.model.policy import Policy
 from mmrl.rollout import HFEngine, SamplingParams
 from mmrl.types import Sample
 
@@ -89,7 +89,7 @@ def test_completion_tokens_are_never_read_as_image_slots(policy, samples):
 
 def test_random_model_trains_at_64_tokens_and_112px(tmp_path):
     from mmrl.cli import main
-    from mmrl.logging import read_metrics
+    from mmrl.run.metrics import read_metrics
     from mmrl.recipes.shapes.data import build
 
     build(tmp_path / "data", n_train=16, n_eval=4, seed=2)
@@ -149,7 +149,7 @@ def test_gradient_checkpointing_runs_inside_trainer_updates(tmp_path, checkpoint
     """HF checkpoints only in train mode: count the MLP forwards of one decoder layer during the update stage; with
     checkpointing each micro-batch runs it twice (forward, then recomputation in the backward)."""
     from mmrl.recipes.shapes.data import build
-    from mmrl.trainer import Trainer
+    from mmrl.train.trainer import Trainer
 
     build(tmp_path / "data", n_train=8, n_eval=2, seed=1)
     cfg = load_config(
@@ -225,7 +225,7 @@ def test_checkpoint_generation_config_never_changes_sampling(policy, samples, tm
     gc = json.loads((leaky / "generation_config.json").read_text())
     gc.update(repetition_penalty=5.0, top_k=1, no_repeat_ngram_size=1, do_sample=False)
     (leaky / "generation_config.json").write_text(json.dumps(gc))
-    with caplog.at_level(logging.WARNING, logger="mmrl.policy"):
+    with caplog.at_level(logging.WARNING, logger="mmrl.model.policy"):
         other = Policy.from_pretrained(ModelConfig(path=str(leaky), min_pixels=PX, max_pixels=PX))
     assert "repetition_penalty=5.0" in caplog.text and "top_k=1" in caplog.text
     prompts_a = [policy.encode(s) for s in samples[:2]]

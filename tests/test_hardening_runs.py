@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.checkpoint import latest_checkpoint, save_checkpoint
+from mmrl.run.checkpoint import latest_checkpoint, save_checkpoint
 from mmrl.cli import main
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
@@ -156,7 +156,7 @@ def test_resaving_a_step_never_leaves_it_missing(tmp_path, monkeypatch):
 
 
 def test_prompt_cache_keys_by_content_and_is_bounded_in_bytes(tmp_path):
-    from mmrl.prompt_cache import PromptCache, nbytes
+    from mmrl.rollout.prompt_cache import PromptCache, nbytes
     from mmrl.types import Sample
 
     def sample(colour, name):
@@ -184,9 +184,9 @@ def test_prompt_cache_keys_by_content_and_is_bounded_in_bytes(tmp_path):
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_micro_batch_accumulation_equals_the_full_mini_batch_gradient(tmp_path, agg):
     from mmrl.config import load_config
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
     from mmrl.types import Sample
-    from mmrl.update import PolicyUpdate, RolloutBatch
+    from mmrl.train.update import PolicyUpdate, RolloutBatch
 
     Image.new("RGB", (56, 56), (9, 99, 199)).save(tmp_path / "i.png")
     s = Sample(

@@ -9,7 +9,7 @@ from scipy.stats import chi2_contingency, chisquare
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
 from mmrl.config import ModelConfig
-from mmrl.policy import Policy
+from mmrl.model.policy import Policy
 from mmrl.rollout import HFEngine, SamplingParams
 from mmrl.rollout.hf import draw
 from mmrl.types import Sample

@@ -1,4 +1,4 @@
-"""Packed rows through Gated-DeltaNet layers (mmrl.linear_attention): the causal convolution and the gated delta rule
+"""Packed rows through Gated-DeltaNet layers (mmrl.model.linear_attention): the causal convolution and the gated delta rule
 of a packed row equal each sequence computed alone (transformers' own functions on that sequence), across several of
 the rule's 64-token chunks, gradients included; without the boundaries both would mix sequences."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen3_5
 
-from mmrl import linear_attention as la
+from mmrl.model import linear_attention as la
 
 # single tokens, shorter than the kernel, across one and two chunk boundaries
 LENGTHS = [1, 3, 70, 5, 130, 64]
@@ -102,7 +102,7 @@ def test_packed_delta_rule_equals_each_sequence_alone():
 
 def test_install_routes_only_packed_calls(tiny_family):
     from mmrl.config import ModelConfig
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
 
     policy = Policy.from_pretrained(ModelConfig(path=str(tiny_family("qwen3_5"))))
     assert la.layer_modules(policy.model) == {qwen3_5.__name__}

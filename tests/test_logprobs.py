@@ -1,4 +1,4 @@
-"""The chunked head's log-probs and their gradients (mmrl/logprobs.py): the written-out backward of a linear head
+"""The chunked head's log-probs and their gradients (mmrl/model/logprobs.py): the written-out backward of a linear head
 against autograd through the full ``[n, V]`` log-softmax, and the paths that keep autograd (soft-capping, an entropy
 bonus, a wrapped head) against the same reference."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmrl.logprobs import _LinearLogp, selective_logprobs
+from mmrl.model.logprobs import _LinearLogp, selective_logprobs
 
 
 class Wrapped(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""bf16 log-prob numerics (mmrl.logprobs): under ``model.dtype: bfloat16`` the output head runs per chunk in fp32, so
+"""bf16 log-prob numerics (mmrl.model.logprobs): under ``model.dtype: bfloat16`` the output head runs per chunk in fp32, so
 a logit is never rounded to bf16 (whose spacing near 16-32 is 0.125). Before, a token's log-prob moved by a bf16
 rounding step whenever the micro-batch's padding nudged the last bits of its hidden state, and the HF engine's
 recorded log-probs differed from the training forward's by as much. The chunked memory bound still holds."""
@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 
 from mmrl.config import ModelConfig
-from mmrl.logprobs import selective_logprobs
-from mmrl.policy import Policy
+from mmrl.model.logprobs import selective_logprobs
+from mmrl.model.policy import Policy
 from mmrl.rollout import HFEngine, SamplingParams
 from mmrl.types import Sample
 
@@ -122,7 +122,7 @@ def test_hf_engine_records_what_the_training_forward_scores_in_bf16(policy, prom
 _WORKLOAD = """
 import json, sys
 import psutil, torch
-from mmrl.logprobs import selective_logprobs
+from mmrl.model.logprobs import selective_logprobs
 rows, frozen = int(sys.argv[1]), sys.argv[2] == "1"
 torch.manual_seed(0)
 head = torch.nn.Linear(64, 32_000, bias=False)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mmrl.cli import main
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 from mmrl.rewards.base import register_reward
 from mmrl.rollout.hf import HFEngine
 from mmrl.types import RewardInput, RewardResult

@@ -12,14 +12,14 @@ import torch
 from PIL import Image
 
 from mmrl.config import Config, ModelConfig, from_dict
-from mmrl.families import packing_support
-from mmrl.policy import Policy
-from mmrl.tiny import FAMILIES
+from mmrl.model.families import packing_support
+from mmrl.model.policy import Policy
+from mmrl.tiny.qwen2_5_vl import FAMILIES
 from mmrl.types import Sample
-from mmrl.update import RolloutBatch, micro_batches
+from mmrl.train.update import RolloutBatch, micro_batches
 
 # families that cannot pack here, and the reason's words (read from the checkpoint: tests/test_packing.py docstring);
-# every built family packs (Qwen3.5's linear attention through mmrl.linear_attention)
+# every built family packs (Qwen3.5's linear attention through mmrl.model.linear_attention)
 NOT_PACKED: dict[str, str] = {}
 
 
@@ -85,7 +85,7 @@ def test_packed_logprobs_and_gradients_equal_the_padded_path(family, tiny_family
         assert not ok and NOT_PACKED[family] in why and not policy.packs
         return
     assert ok and policy.packs, why
-    import mmrl.families as families
+    import mmrl.model.families as families
 
     calls: list[str] = []
     real = families.encoder_calls
@@ -100,7 +100,7 @@ def test_packed_logprobs_and_gradients_equal_the_padded_path(family, tiny_family
     # transformers >= 5.18: the forward takes precomputed features (mm_encoder_outputs); 5.16 and 5.17 do not, and
     # the model's forward encodes every row's media instead (same values), with a warning
     shared = bool(real(policy.model))
-    with caplog.at_level(logging.WARNING, logger="mmrl.policy"):
+    with caplog.at_level(logging.WARNING, logger="mmrl.model.policy"):
         _check_packed(policy, [policy.encode(s) for s in _samples(media, video=False)], family)
     assert calls == (["image"] if shared else [])  # two prompts with images, each repeated: one call for both
     assert shared or "vision once per prompt is off" in caplog.text
@@ -171,7 +171,7 @@ def test_mmrl_sdpa_attends_each_packed_sequence_alone():
     sliding window or chunks inside each sequence where the layer has them), GQA heads included."""
     from types import SimpleNamespace
 
-    from mmrl.attention import PACKED, attention
+    from mmrl.model.attention import PACKED, attention
 
     torch.manual_seed(0)
     lengths = [5, 9, 3, 12]
@@ -227,7 +227,7 @@ def test_generation_encodes_each_prompts_media_once(family, tiny_family, media, 
     the tokens (and log-probs) it samples from n encodings of the same pixels."""
     import transformers
 
-    import mmrl.families as families
+    import mmrl.model.families as families
     from mmrl.rollout import SamplingParams
     from mmrl.rollout.hf import HFEngine
 
@@ -272,7 +272,7 @@ def test_generation_encodes_each_prompts_media_once(family, tiny_family, media, 
 def test_media_blocks_pack_under_mmrl_sdpa_only(family, key, layers, tiny_family):
     """Two-way media blocks are read from the checkpoint (Gemma 3: every layer; Gemma 4: sliding layers only, as
     transformers' masks); flash-attention's causal kernels cannot hold them, so a packed row is refused there."""
-    from mmrl.families import media_blocks
+    from mmrl.model.families import media_blocks
 
     policy = Policy.from_pretrained(
         ModelConfig(path=str(tiny_family(family)), min_pixels=3136, max_pixels=12544)
@@ -290,7 +290,7 @@ def test_auto_keeps_media_blocks_off_flash_attention(monkeypatch):
     blocks, whose mask its causal kernels cannot hold: that one gets mmrl_sdpa (and packs)."""
     import importlib.util
 
-    from mmrl import attention
+    from mmrl.model import attention
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -1,9 +1,9 @@
-"""Vision once per prompt (:func:`mmrl.packing.encode_media_once`): the distinct prompts of a micro-batch go through
-the vision tower in one call per modality, whose output :func:`mmrl.families.split_encoder_outputs` cuts back per
+"""Vision once per prompt (:func:`mmrl.model.packing.encode_media_once`): the distinct prompts of a micro-batch go through
+the vision tower in one call per modality, whose output :func:`mmrl.model.families.split_encoder_outputs` cuts back per
 prompt for every layout the families' feature functions return; so the number of tower calls is the padded path's
 (one per micro-batch and modality) and the sharing holds under FSDP2, where a rank whose micro-batch holds more
 distinct prompts than another's no longer runs more collectives, and one whose micro-batch is text only encodes a
-blank image where another's runs the tower (mmrl.fsdp.matched_tower_calls; without it gloo aborts on a collective
+blank image where another's runs the tower (mmrl.model.fsdp.matched_tower_calls; without it gloo aborts on a collective
 mismatch): 2 gloo processes give the 1-process weights."""
 
 import inspect
@@ -17,8 +17,8 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
 from mmrl.config import ModelConfig
-from mmrl.families import split_encoder_outputs
-from mmrl.policy import Policy
+from mmrl.model.families import split_encoder_outputs
+from mmrl.model.policy import Policy
 from mmrl.types import Sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def test_split_cuts_every_layout_and_names_what_it_cannot():
     # [rows, tiles, C, H, W] stacks, the all-zero padding tiles dropped
     from types import SimpleNamespace
 
-    from mmrl.packing import _split
+    from mmrl.model.packing import _split
 
     two, three = torch.zeros(1, 3, 3, 2, 2), torch.ones(1, 3, 3, 2, 2)
     two[0, :2] = 1.0  # 2 real tiles and a padding one
@@ -118,12 +118,12 @@ def test_prompts_with_images_and_videos_share_one_call_per_modality(family, tiny
 WORKER = r"""
 import json, sys, torch
 from PIL import Image
-import mmrl.packing
+import mmrl.model.packing
 from mmrl.config import load_config
 from mmrl.distributed import Dist
-from mmrl.policy import Policy
+from mmrl.model.policy import Policy
 from mmrl.types import Sample
-from mmrl.update import PolicyUpdate, RolloutBatch
+from mmrl.train.update import PolicyUpdate, RolloutBatch
 
 out, tiny, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 dist = Dist(timeout_s=300)  # a collective the ranks do not both run fails here instead of hanging the test
@@ -138,7 +138,7 @@ pol = Policy.from_pretrained(cfg.model)
 assert pol.packs
 ask = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which colour?"}]}]
 text = [{"role": "user", "content": "Which colour is the sky?"}]
-# group 0 is text only: a micro-batch of it runs no tower where the other rank's runs one (mmrl.fsdp)
+# group 0 is text only: a micro-batch of it runs no tower where the other rank's runs one (mmrl.model.fsdp)
 groups = [pol.encode(Sample("q0", text))] + [pol.encode(Sample(f"q{i}", ask, [f"{out}/i{i}.png"])) for i in (1, 2)]
 prompts = [p for p in groups for _ in range(4)]  # 12 rows, groups of 4 sharing their prompt object
 comps = [[5 + i, 6, 7, 8][: 1 + i % 4] for i in range(12)]
@@ -151,7 +151,7 @@ elif dist.active:
 backbone = pol.model.model
 tower_forwards, shared, micro = [], [], []
 backbone.visual.register_forward_pre_hook(lambda *_: tower_forwards.append(1))
-real_encode, real_micro = mmrl.packing.encode_media_once, PolicyUpdate._micro_step
+real_encode, real_micro = mmrl.model.packing.encode_media_once, PolicyUpdate._micro_step
 
 def encode(pol_, prompts_, mm_):  # the distinct prompts whose one encoding the rows shared (0: the model's own)
     got = real_encode(pol_, prompts_, mm_)
@@ -162,7 +162,7 @@ def micro_step(self, batch_, part, *args):
     micro.append(len(part))
     return real_micro(self, batch_, part, *args)
 
-mmrl.packing.encode_media_once, PolicyUpdate._micro_step = encode, micro_step
+mmrl.model.packing.encode_media_once, PolicyUpdate._micro_step = encode, micro_step
 opt = torch.optim.SGD([q for q in pol.model.parameters() if q.requires_grad], lr=0.05)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
 adv = torch.linspace(-1.0, 1.0, 12)
@@ -191,7 +191,7 @@ def test_sharded_update_shares_the_encoding_across_uneven_ranks(tmp_path):
     """Groups of 4 rows, the first text only; under FSDP2 rank 0's micro-batches hold the text-only group and rank 1's
     the 2 image groups, each shared by its rows; then rank 0's hold 3 rows of 3 groups (no repeat) and rank 1's 3
     groups and a last row alone, rank 0 padded to match: every rank runs the tower once per micro-batch (the same
-    collectives on both: a text-only micro-batch encodes a blank image, mmrl.fsdp.matched_tower_calls), nothing
+    collectives on both: a text-only micro-batch encodes a blank image, mmrl.model.fsdp.matched_tower_calls), nothing
     hangs, and the weights after four optimizer steps (the vision tower's included) are the 1-process updates' within
     1e-6."""
     import json
@@ -213,7 +213,7 @@ def test_sharded_update_shares_the_encoding_across_uneven_ranks(tmp_path):
     assert calls["2-fsdp-0"]["shared"] == [0, 0, 0, 0, 0, 0]
     assert calls["2-fsdp-1"]["micro_batches"] == [8, 8, 8, 1, 8, 1]
     # 8 of 9 rows hold all 3 groups (one text only); transformers before 5.18 takes no precomputed features (each
-    # row's images are encoded in the model's forward, warned: mmrl.packing._warn_unshared), the rest holds alike
+    # row's images are encoded in the model's forward, warned: mmrl.model.packing._warn_unshared), the rest holds alike
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 
     takes = "mm_encoder_outputs" in inspect.signature(Qwen2_5_VLModel.forward).parameters

@@ -1,4 +1,4 @@
-"""``mmrl plan`` (mmrl/plan.py): the arithmetic on hand-counted shapes, the command line, the pre-flight refusal of a
+"""``mmrl plan`` (mmrl/plan/planner.py): the arithmetic on hand-counted shapes, the command line, the pre-flight refusal of a
 run that cannot fit, every shipped GPU recipe against its stated hardware, and the model's agreement with torch's
 own accounting of a real training step (benchmarks/plan_accuracy.py)."""
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mmrl import cli, memory, plan
+from mmrl import cli
+from mmrl.plan import memory, planner as plan
 from mmrl.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ def test_tiny_model_parameters_counted_by_hand():
 
 
 def test_shipped_configs_are_the_published_architectures():
-    """assets/configs/ holds Qwen2.5-VL-3B/7B-Instruct's config.json: 3,754,622,976 and 8,292,166,656 parameters,
+    """mmrl/plan/configs/ holds Qwen2.5-VL-3B/7B-Instruct's config.json: 3,754,622,976 and 8,292,166,656 parameters,
     and benchmarks/gpu_step.py builds its 3B from the same file."""
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
@@ -89,7 +90,7 @@ def test_shipped_configs_are_the_published_architectures():
 def test_a_hub_id_plans_only_from_a_local_config(tmp_path, capsys):
     with pytest.raises(plan.ConfigNotLocal, match="--model-config DIR"):
         plan.plan_run(_tiny(["model.path=someone/Unknown-VL-9B"]))
-    folder = str(ROOT / "assets/configs/Qwen2.5-VL-3B-Instruct")
+    folder = str(ROOT / "mmrl/plan/configs/Qwen2.5-VL-3B-Instruct")
     p = plan.plan_run(_tiny(["model.path=someone/Unknown-VL-9B"]), plan.PlanOptions(model_config=folder))
     assert p.setup.shapes.params == 3_754_622_976
     assert cli.main(["plan", str(ROOT / "recipes/shapes/tiny.yaml"), "model.path=someone/Unknown-VL-9B"]) == 2
@@ -166,7 +167,7 @@ def test_sharding_lora_and_activations_by_hand():
 
 
 def test_a_token_budget_sets_the_planned_micro_batch_rows():
-    """``optim.micro_batch_tokens`` (mmrl.update.micro_batches): as many rows of the longest sequence (180 tokens
+    """``optim.micro_batch_tokens`` (mmrl.train.update.micro_batches): as many rows of the longest sequence (180 tokens
     here) as the budget holds, at least one, in the update and the scoring passes alike; blocks of whole groups
     (G = 8) for a loss that needs them, whose scoring passes still take single rows. Without it, the row count."""
     base = [
@@ -207,7 +208,7 @@ def test_frozen_matmul_weights_are_planned_in_bf16_as_the_policy_stores_them():
     the tiny model's text projections 2 x 147,456 (q 128x128, k/v 128x64, o 128x128, MLP 3 x 128x256) and its
     vision side's 255,488 (patch embedding 75,264, blocks 2 x 40,960, merger 98,304) under LoRA, the vision side's
     under freeze_vision, none in fp32 or when everything trains. The planned row is the loaded policy's bytes."""
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
 
     P, text, vision = 939_712, 2 * 147_456, 255_488
     s = memory.model_shapes(str(ROOT / TINY))
@@ -261,8 +262,8 @@ def test_cli_plan_fits_and_misfit_with_advice(capsys):
 def test_preflight_refuses_a_run_that_cannot_fit_and_force_overrides(tmp_path, monkeypatch, capsys):
     """7B full fine-tuning without FSDP on one 24 GiB GPU: refused before any model loads, with the advice;
     --force starts it. "Would use CUDA" is simulated (there is no GPU here)."""
-    import mmrl.trainer
-    from mmrl.rundir import RunFinished
+    import mmrl.train.trainer
+    from mmrl.run.rundir import RunFinished
 
     started = []
 
@@ -271,7 +272,7 @@ def test_preflight_refuses_a_run_that_cannot_fit_and_force_overrides(tmp_path, m
             started.append(cfg)
             raise RunFinished("stub")
 
-    monkeypatch.setattr(mmrl.trainer, "Trainer", Trainer)
+    monkeypatch.setattr(mmrl.train.trainer, "Trainer", Trainer)
     monkeypatch.setattr(plan, "would_use_cuda", lambda cfg: True)
     argv = ["train", str(ROOT / "recipes/shapes/tiny.yaml"), "--output-dir", str(tmp_path / "run")]
     argv += ["model.path=Qwen/Qwen2.5-VL-7B-Instruct", "model.dtype=bfloat16", "hardware.gpu_memory_gib=24"]

@@ -1,5 +1,5 @@
 """The Qwen3-VL-8B-Instruct variants of the GPU recipes (``recipes/*/gpu-qwen3vl8b*.yaml``) and the checkpoint config
-they plan from (``assets/configs/Qwen3-VL-8B-Instruct``): the config builds the published architecture on the meta
+they plan from (``mmrl/plan/configs/Qwen3-VL-8B-Instruct``): the config builds the published architecture on the meta
 device, each recipe loads, fits its stated hardware by ``mmrl plan`` and quotes the plan's peak in its header, and its
 pixel budget is on Qwen3-VL's 32-pixel grid. Meta device only: nothing is allocated or downloaded."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mmrl import memory, plan
+from mmrl.plan import memory, planner as plan
 from mmrl.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def test_gui_variant_scores_points_in_qwen3_vl_frame():
     """Qwen3-VL answers in 0-1000 of the image's width and height: the frame its model_type maps to."""
     import json
 
-    from mmrl.families import coordinate_frame, frame_to_original
+    from mmrl.model.families import coordinate_frame, frame_to_original
 
     model_type = json.loads((SHIPPED / "config.json").read_text())["model_type"]
     assert coordinate_frame(model_type) == "relative_1000"

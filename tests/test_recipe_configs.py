@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mmrl.checks import check_components, check_data, check_env, check_numbers, check_rewards
+from mmrl.train.checks import check_components, check_data, check_env, check_numbers, check_rewards
 from mmrl.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]

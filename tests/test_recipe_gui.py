@@ -15,7 +15,7 @@ from PIL import Image
 from mmrl.cli import main
 from mmrl.config import load_config
 from mmrl.data import load_dataset
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 from mmrl.processors.geometry import smart_resize
 from mmrl.recipes.gui.data import ScreenRenderer
 from mmrl.recipes.gui.tiny import TINY_PIXELS, TINY_SCREEN, build, model_size

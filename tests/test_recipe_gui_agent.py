@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mmrl.cli import main
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from mmrl.cli import main
 from mmrl.config import load_config
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 from mmrl.processors.geometry import smart_resize
 from mmrl.recipes.table2latex.data import PROMPT, TINY_SHAPES, build_tiny
 from mmrl.rewards.latex_table import latex_table

@@ -8,7 +8,7 @@ import pytest
 
 from mmrl.cli import main
 from mmrl.config import load_config
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_RECIPES = sorted(

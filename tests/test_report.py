@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw
 
 from mmrl.cli import main
 from mmrl.recipes.shapes.data import build
-from mmrl.report import read_jsonl, write_report
+from mmrl.run.report import read_jsonl, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = "<script>alert(1)</script><img src=x onerror=alert(2)> & </pre>"

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from mmrl.algos import ROLLOUT_CORRECTIONS, check_rollout_correction, rollout_correction
-from mmrl.checks import check_components
+from mmrl.train.checks import check_components
 from mmrl.cli import main
 from mmrl.config import ConfigError, load_config
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "assets" / "tiny-qwen2.5-vl")
@@ -125,9 +125,9 @@ def test_cli_refuses_before_anything_loads(tmp_path, capsys):
 def test_update_multiplies_the_token_losses():
     """Weights w scale the policy loss (detached: the gradient is w times the unweighted one; w = 4 scales
     floats exactly)."""
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
     from mmrl.types import Sample
-    from mmrl.update import PolicyUpdate, RolloutBatch
+    from mmrl.train.update import PolicyUpdate, RolloutBatch
 
     cfg = load_config(None, [f"model.path={TINY}", "optim.micro_batch_size=2", "optim.grad_clip=0"])
     pol = Policy.from_pretrained(cfg.model)
@@ -179,7 +179,7 @@ CORRECTION = ("rollout/correction_clip_frac", "rollout/correction_weight_mean")
 
 def _train(recipe, out, *overrides):
     """Two steps; returns the logged rows and each step's (weights, mask) as the update received them."""
-    from mmrl.trainer import Trainer
+    from mmrl.train.trainer import Trainer
 
     tr = Trainer(load_config(str(recipe), ["train.max_steps=2", *overrides]), out)
     seen, make = [], tr.make_batch

@@ -62,8 +62,8 @@ def test_multi_turn_sft_learns_the_oracles_episodes(tmp_path):
     from mmrl.data import load_dataset
     from mmrl.envs import EnvPool
     from mmrl.envs.zoom import parse_action
-    from mmrl.episodes import run_episodes
-    from mmrl.policy import Policy
+    from mmrl.rollout.episodes import run_episodes
+    from mmrl.model.policy import Policy
     from mmrl.recipes.zoom.data import build_tiny
     from mmrl.rollout import HFEngine, SamplingParams
 

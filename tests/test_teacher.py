@@ -1,4 +1,4 @@
-"""Teacher-forced episodes (mmrl/episodes.py, ``teacher="oracle"``): every turn is the env's oracle text and the
+"""Teacher-forced episodes (mmrl/rollout/episodes.py, ``teacher="oracle"``): every turn is the env's oracle text and the
 end-of-turn marker, through the same observation, delta and limit code as sampled turns. The real ``zoom`` env on
 the tiny recipe's data (in a worker process), and ``test_pictures`` (tests/episode_envs.py) for a thinking
 template's response prefix and an oracle that gives up."""
@@ -13,8 +13,8 @@ from mmrl.config import ModelConfig
 from mmrl.data import load_dataset
 from mmrl.envs import EnvPool
 from mmrl.envs.zoom import parse_action
-from mmrl.episodes import end_of_turn, run_episodes, trajectory_logprobs
-from mmrl.policy import Policy
+from mmrl.rollout.episodes import end_of_turn, run_episodes, trajectory_logprobs
+from mmrl.model.policy import Policy
 from mmrl.rollout import SamplingParams
 from mmrl.types import Sample
 

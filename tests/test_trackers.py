@@ -1,4 +1,4 @@
-"""Experiment trackers (mmrl/trackers.py): a real tiny training logs to TensorBoard, W&B (offline), MLflow (its local
+"""Experiment trackers (mmrl/run/trackers.py): a real tiny training logs to TensorBoard, W&B (offline), MLflow (its local
 SQLite store) and SwanLab (offline), and what each wrote, read back with the library's own readers and record
 formats, holds the numbers of metrics.jsonl and the logged rollouts' images; a resume continues each tracker's run;
 an unknown or uninstalled tracker is refused at pre-flight in one line naming the fix."""
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mmrl import trackers
-from mmrl.checks import check_config
+from mmrl.run import trackers
+from mmrl.train.checks import check_config
 from mmrl.cli import main
 from mmrl.config import ConfigError, load_config
-from mmrl.logging import MetricsLogger, read_metrics, rollout_images
+from mmrl.run.metrics import MetricsLogger, read_metrics, rollout_images
 
 TINY = Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl"
 ALL = ["tensorboard", "wandb", "mlflow", "swanlab"]

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mmrl.checkpoint import list_checkpoints
+from mmrl.run.checkpoint import list_checkpoints
 from mmrl.cli import main
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 
 TINY = str(Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl")
 

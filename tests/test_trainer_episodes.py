@@ -10,7 +10,7 @@ import torch
 
 from mmrl.cli import main
 from mmrl.config import ConfigError, load_config
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 
 TINY = str(Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl")
 ENV = "trainer_envs:ParityEnv"
@@ -70,7 +70,7 @@ def test_episode_training_step(tmp_path):
 
 def test_episode_batch_masks_env_tokens(tmp_path, monkeypatch):
     """The update's mask is the trajectories' (1 on sampled tokens only) and the estimator sees every row's turns."""
-    from mmrl.trainer import Trainer
+    from mmrl.train.trainer import Trainer
 
     cfg = load_config(str(_recipe(tmp_path, advantage="discounted_turns")))
     seen = {}
@@ -101,7 +101,7 @@ def test_episode_batch_masks_env_tokens(tmp_path, monkeypatch):
 
 
 def test_env_preflight_names_the_field(tmp_path):
-    from mmrl.checks import check_config
+    from mmrl.train.checks import check_config
 
     cfg = load_config(str(_recipe(tmp_path, extra=", image_rule: shrink")))
     with pytest.raises(ConfigError, match="rollout.image_rule"):
@@ -117,7 +117,7 @@ def test_env_preflight_names_the_field(tmp_path):
 
 
 def test_preflight_refuses_downscaled_screens_for_an_env_that_points_on_them(tmp_path):
-    from mmrl.checks import check_config
+    from mmrl.train.checks import check_config
 
     cfg = load_config(str(_recipe(tmp_path)))
     cfg.rollout.env, cfg.rollout.env_options = "browser_app", {}

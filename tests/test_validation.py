@@ -4,7 +4,7 @@ what scoring the same responses with mmrl.eval gives, with its breakdowns."""
 from pathlib import Path
 
 from mmrl.cli import main
-from mmrl.logging import read_metrics
+from mmrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
@@ -37,7 +37,7 @@ train: {{prompts_per_step: 2, progress: false}}
 
     # the same greedy responses scored by mmrl eval's scorer give the logged number
     from mmrl.config import load_config
-    from mmrl.trainer import Trainer
+    from mmrl.train.trainer import Trainer
 
     tr = Trainer(load_config(cfg, ["train.max_steps=1"]), tmp_path / "again")
     assert tr.evaluate()["eval/accuracy"] == first["eval/accuracy"]

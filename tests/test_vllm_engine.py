@@ -22,7 +22,7 @@ from multiproc import torchrun
 from PIL import Image
 
 from mmrl.config import LoraConfig, ModelConfig
-from mmrl.policy import Policy
+from mmrl.model.policy import Policy
 from mmrl.rollout import ENGINES, HFEngine, SamplingParams
 from mmrl.types import Sample
 
@@ -289,7 +289,7 @@ import json, sys, torch
 from PIL import Image
 from mmrl.config import LoraConfig, ModelConfig
 from mmrl.distributed import Dist
-from mmrl.policy import Policy
+from mmrl.model.policy import Policy
 from mmrl.rollout import ENGINES, HFEngine, SamplingParams
 from mmrl.types import Sample
 

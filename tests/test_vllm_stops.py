@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from mmrl.config import ModelConfig
-from mmrl.policy import Policy
+from mmrl.model.policy import Policy
 from mmrl.rollout import ENGINES, SamplingParams
 from mmrl.types import Sample
 

@@ -23,10 +23,10 @@ import tomllib
 import torch
 from multiproc import BASE_ENV, WALL_CLOCK, shapes_run_config, torchrun
 
-from mmrl.checks import check_components
+from mmrl.train.checks import check_components
 from mmrl.config import ConfigError, LoraConfig, ModelConfig, load_config
-from mmrl.logging import read_metrics
-from mmrl.policy import EncodedPrompt, Policy, _checkpoint_layout
+from mmrl.run.metrics import read_metrics
+from mmrl.model.policy import EncodedPrompt, Policy, _checkpoint_layout
 from mmrl.rollout import ENGINES
 from mmrl.rollout import vllm as vllm_engine
 

@@ -1,7 +1,7 @@
 """Group-free advantages for one response per prompt: SPO's per-prompt value tracker and MSSR (ALGORITHMS.md §2).
 
 How this departs from GRPO: the baseline is not the group mean but v = alpha / (alpha + beta), the decayed Beta
-counts of the prompt's past outcomes (:class:`mmrl.beta.BetaTracker`, shared with VADE), read BEFORE this step's
+counts of the prompt's past outcomes (:class:`mmrl.algos.beta.BetaTracker`, shared with VADE), read BEFORE this step's
 update. Per step, with s a response's reward:
 
     A_raw = s - v;   A = (A_raw - mean) / sqrt(max(var, eps))        (over the whole batch, population var)
@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from mmrl.algos.advantages import ADVANTAGES, AdvantageEstimator, AdvantageInput
-from mmrl.beta import BetaTracker
+from mmrl.algos.beta import BetaTracker
 
 
 def global_rho(

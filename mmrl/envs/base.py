@@ -34,8 +34,8 @@ escapes an env anyway (a bug) ends that episode with reward 0 and ``info["error"
 The oracle (optional): :meth:`Env.oracle` gives the FULL TEXT of the next correct action, written as the model
 should write it (its action format, coordinates in the model's frame from the sample's metadata, as the env parses
 them), or None when the episode needs no more actions. It drives teacher-forced episodes
-(:func:`mmrl.episodes.run_episodes` with ``teacher="oracle"``) and through them the multi-turn SFT warm start
-(:mod:`mmrl.sft`). An env without one raises NotImplementedError; unlike :meth:`Env.step`, the oracle is not fed
+(:func:`mmrl.rollout.episodes.run_episodes` with ``teacher="oracle"``) and through them the multi-turn SFT warm start
+(:mod:`mmrl.train.sft`). An env without one raises NotImplementedError; unlike :meth:`Env.step`, the oracle is not fed
 model output, so any exception from it is a bug or a misconfiguration and reaches the caller
 (:meth:`mmrl.envs.pool.EnvPool.oracle`).
 

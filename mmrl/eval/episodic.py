@@ -2,7 +2,7 @@
 
 A text benchmark answers a batch of items with one ``engine.generate`` call and scores the texts; an env benchmark
 (a subclass of :class:`EnvBenchmark`, naming its ``env``) runs ``--samples`` episodes per item instead (one, greedy,
-by default) through :func:`mmrl.episodes.run_episodes`, in an :class:`~mmrl.envs.EnvPool` whose files (crops,
+by default) through :func:`mmrl.rollout.episodes.run_episodes`, in an :class:`~mmrl.envs.EnvPool` whose files (crops,
 screenshots) go to ``episodes/`` in the output folder, and the env is the judge: nothing is scored from text
 afterwards. Everything else is the runner's as for any benchmark (``predictions.jsonl``, resume, ``run.json``,
 ``metrics.json``, ``mmrl compare``). Items are a recipe's held-out records (``eval.jsonl`` as its data builder writes
@@ -17,14 +17,14 @@ may change it; the others are part of what ``run.json`` pins.
 
 Success and metrics. The envs here are outcome envs: reward 1 (less a zoom's call penalty, floored at 0) on the last
 step when the task is done, 0 otherwise. An episode succeeds when the env's last step says so (``info["success"]``),
-else when its return is > 0 (:attr:`mmrl.episodes.Trajectory.success`), and ``accuracy`` is the success
+else when its return is > 0 (:attr:`mmrl.rollout.episodes.Trajectory.success`), and ``accuracy`` is the success
 rate (``mmrl compare``'s per-item score). ``summary`` adds, over all episodes:
 
 - ``step_accuracy``: the mean of ``info["target_hit"]`` over every step whose env reports it (browser: the action
   was the oracle's next one; zoom: the zoom held the target, or the answer was right). Pooled over steps, so long
   episodes weigh more; absent when no step reports it;
 - ``turns_mean`` (steps per episode; 0 for an episode whose env failed at reset) and ``return_mean``;
-- ``end/<how>``: the share of episodes that ended each way (:data:`ENDS`, as :class:`mmrl.episodes.Trajectory`).
+- ``end/<how>``: the share of episodes that ended each way (:data:`ENDS`, as :class:`mmrl.rollout.episodes.Trajectory`).
 
 Rows (``predictions.jsonl``): ``id``, ``correct`` (success), ``return``, ``end``, ``error`` (only when some episode
 ended by one) and ``turns``: per step ``action`` (the text the env read), ``reward``, ``target_hit`` (None where the
@@ -33,7 +33,7 @@ env does not say), ``finish_reason``, ``images`` (the observation's new files, r
 keys holds a list of K. A prediction file alone cannot be scored (``--predictions``): rerunning the same command on
 the same folder recomputes the metrics from its rows without generating.
 
-In-training validation (:mod:`mmrl.validation`) runs the same episodes with :func:`run_held_out` and turns them into
+In-training validation (:mod:`mmrl.train.validation`) runs the same episodes with :func:`run_held_out` and turns them into
 the same rows and metrics with :func:`episode_row` and :func:`episode_summary`.
 """
 
@@ -51,8 +51,8 @@ from mmrl.eval.loading import data_files, read_records
 
 if TYPE_CHECKING:
     from mmrl.envs import EnvPool
-    from mmrl.episodes import Trajectory
-    from mmrl.policy import EncodedPrompt, Policy
+    from mmrl.rollout.episodes import Trajectory
+    from mmrl.model.policy import EncodedPrompt, Policy
     from mmrl.rollout.base import SamplingParams
     from mmrl.types import Sample
 
@@ -102,7 +102,7 @@ def run_held_out(
     prompts: list[EncodedPrompt] | None = None,
 ) -> list[list[Trajectory]]:
     """``params.n`` episodes of env ``env`` per sample, ``[B][n]``, with the limits of ``opts``."""
-    from mmrl.episodes import ImageBudget, run_episodes
+    from mmrl.rollout.episodes import ImageBudget, run_episodes
 
     return run_episodes(
         policy,

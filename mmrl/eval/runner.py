@@ -280,7 +280,7 @@ def generate(
     """Generate, score and append rows for ``pending``, one batch at a time; returns the new rows."""
     import torch
 
-    from mmrl.policy import Policy
+    from mmrl.model.policy import Policy
     from mmrl.processors.errors import MediaError
     from mmrl.rollout import SamplingParams
 

@@ -3,7 +3,7 @@
 Log-probs are ``log_softmax(logits / temperature)`` of the sampled token, computed from the plain logits with the
 vision placeholders masked (the policy's support), before top-k/top-p shape which token is drawn: the same quantity
 the trainer's forward computes, so the importance ratio is exactly 1 on-policy (as TRL and verl score it). The
-output head runs in fp32 during generation (:func:`mmrl.logprobs.fp32_head`), as in the training forward, so under
+output head runs in fp32 during generation (:func:`mmrl.model.logprobs.fp32_head`), as in the training forward, so under
 ``model.dtype: bfloat16`` neither side rounds a logit to bf16: tokens are drawn from, and recorded with, the
 log-probs the trainer scores (up to the bf16 backbone's own kernel differences between cached decoding and one
 full forward).
@@ -33,9 +33,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from mmrl.logprobs import fp32_head
-from mmrl.packing import encode_media_once
-from mmrl.policy import EncodedPrompt, Policy
+from mmrl.model.logprobs import fp32_head
+from mmrl.model.packing import encode_media_once
+from mmrl.model.policy import EncodedPrompt, Policy
 from mmrl.rollout.base import ENGINES, Completion, SamplingParams
 
 log = logging.getLogger("mmrl.rollout")

@@ -6,7 +6,7 @@ It keeps the HF engine's contract, so the trainer cannot tell the two apart exce
   the chat-templated text holds ONE placeholder per image or video and vLLM expands it from its own processor's
   grid (processor-expanded ids would be expanded a second time). The media are the policy's own, already resized
   by ``smart_resize``, and vLLM's processor is told not to resize again, so both engines see the same pixels and
-  rewards map coordinates the same way. A multi-turn context (:mod:`mmrl.episodes`) goes in as token ids with its
+  rewards map coordinates the same way. A multi-turn context (:mod:`mmrl.rollout.episodes`) goes in as token ids with its
   placeholders likewise unexpanded (``EncodedPrompt.parts``) and all its turns' images in order. Every expanded
   prompt is checked against the policy's ``input_ids``.
 - **Log-probs** are vLLM's ``processed_logprobs``: ``log_softmax`` of the logits after the vision-placeholder mask
@@ -65,7 +65,7 @@ from typing import Any
 
 import torch
 
-from mmrl.policy import EncodedPrompt, Policy
+from mmrl.model.policy import EncodedPrompt, Policy
 from mmrl.rollout.base import ENGINES, Completion, SamplingParams
 
 log = logging.getLogger("mmrl.rollout")
@@ -438,7 +438,7 @@ def _hybrid(policy: Policy) -> bool:
 
 
 def _processor_kwargs(policy: Policy) -> dict[str, Any]:
-    """The policy's processor settings (:meth:`mmrl.families.VisionGeometry.processor_kwargs`); a grid processor
+    """The policy's processor settings (:meth:`mmrl.model.families.VisionGeometry.processor_kwargs`); a grid processor
     also gets the run's pixel budget as its ``size``, which vLLM reads to size its multimodal profiling."""
     geo = policy.geometry
     kwargs = geo.processor_kwargs()
@@ -452,7 +452,7 @@ def _processor_kwargs(policy: Policy) -> dict[str, Any]:
 def _request(p: EncodedPrompt, tokenizer: Any) -> dict[str, Any]:
     """vLLM's form of a prompt: the templated text, or its token ids (placeholders unexpanded) when the template
     wrote the BOS itself (Gemma, Idefics3), since vLLM tokenises a text prompt with the tokenizer's BOS added and
-    would then start with two. A multi-turn context (``p.parts``, :meth:`mmrl.episodes.Trajectory.context`) goes in
+    would then start with two. A multi-turn context (``p.parts``, :meth:`mmrl.rollout.episodes.Trajectory.context`) goes in
     as token ids: the first prompt's text tokenised as vLLM tokenises a text prompt, then each turn's ids as they are
     and each observation's text tokenised alone, every image placeholder left for vLLM to expand."""
     bos = tokenizer.bos_token

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrl.beta import BetaTracker
+from mmrl.algos.beta import BetaTracker
 from mmrl.samplers.base import SAMPLERS
 
 _RENORMALISE_BELOW = 1e-30

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmrl.families import ModelView
+from mmrl.model.families import ModelView
 from mmrl.recipes.gui.data import (
     LISTS,
     TABS,

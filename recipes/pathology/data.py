@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 from scipy.spatial import cKDTree
 
-from mmrl.families import ModelView
+from mmrl.model.families import ModelView
 
 TISSUES = ("adipose", "stroma", "lymphoid", "epithelium")
 LESIONS = ("tumour", "necrosis")
@@ -331,7 +331,7 @@ def target_response(
     rec: dict[str, Any], image_size: tuple[int, int], model: ModelView | tuple[int, int]
 ) -> str:
     """The demonstration response for a record: what is seen in <think>, the answer (and the region, in the frame
-    the model writes in, :class:`~mmrl.families.ModelView`; a bare ``(min_pixels, max_pixels)`` budget knows no
+    the model writes in, :class:`~mmrl.model.families.ModelView`; a bare ``(min_pixels, max_pixels)`` budget knows no
     model and means the model-input pixels of Qwen2/2.5-VL's 28 px grid) in <answer>."""
     meta = rec["metadata"]
     seen = meta["tissue"] + ("" if meta["lesion"] == "none" else f" {meta['lesion']}")

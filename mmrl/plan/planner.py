@@ -1,0 +1,553 @@
+"""``mmrl plan``: the memory a training run needs on each GPU, stage by stage, before anything launches.
+
+The plan is arithmetic over the run's config and the checkpoint's shapes. The shapes come from the checkpoint's own
+``config.json``: the model is built on the meta device (``AutoModelForImageTextToText.from_config`` under
+``torch.device("meta")``: no weights read, no memory) and its parameters are counted by module, so any family and
+size plans without a download once its config is local (a hub id is looked up in the HF cache, then among the
+config folders shipped in ``mmrl/plan/configs/``).
+
+The model of memory, per rank (one process per GPU), in bytes; ``P`` parameters, ``h``/``m`` a block's hidden and
+MLP widths, ``S`` the sequence (prompt + response) and ``T`` the response length, ``B`` the micro-batch rows:
+
+- **Policy weights**: the trainable policy is loaded in fp32 whatever ``model.dtype`` (:meth:`Policy.from_pretrained`:
+  fp32 master weights, bf16 autocast compute): ``4 P``; but its frozen ``Linear``/``Conv`` weights (every one but the
+  head's under LoRA, the vision side's with ``model.freeze_vision``; ``P_frozen``) are stored in ``model.dtype``,
+  since autocast would round them to it at every use: ``4 P - 2 P_frozen`` in bf16 (embeddings, norms, biases, the
+  head and MoE expert tensors stay fp32). Frozen copies (the reference model) are stored in ``model.dtype``: ``2 P``
+  in bf16. FSDP2 (``train.fsdp``, :mod:`mmrl.model.fsdp`) divides the policy's weights, gradients and optimizer state by
+  the world size; the reference is not sharded.
+- **Gradients** (fp32, trainable parameters): allocated by the update's first backward and freed right after the
+  optimizer step (:class:`mmrl.train.update.PolicyUpdate`), so only the update stage holds them; under DDP (several
+  processes, no FSDP) they are DDP's buckets (``gradient_as_bucket_view``), allocated once and held in every stage.
+- **AdamW**: two fp32 moments per trainable parameter (``8 P_train``), held from the first step on; the step itself
+  (``foreach``, torch's default on CUDA) makes one more fp32 copy of the trainable parameters
+  (``_foreach_sqrt(exp_avg_sq)``).
+- **Trainable set**: everything; minus the vision tower with ``model.freeze_vision``; only the adapters with LoRA
+  (``r (in + out)`` per adapted ``Linear``, matched by peft's rule for ``model.lora.target_modules``).
+- **Reference model**: a separate frozen copy when ``algo.kl_coef > 0`` without LoRA; with LoRA the policy with its
+  adapters disabled (no memory).
+- **vLLM** (``rollout.engine: vllm``, one colocated engine per rank, ``tensor_parallel_size`` ranks per engine):
+  awake, it takes ``gpu_memory_utilization`` (default 0.3, :mod:`mmrl.rollout.vllm`) x the GPU for its weights
+  (``model.dtype`` bytes x ``P / tp``), its activations (``VLLM_WORKSPACE``, an estimate) and the KV cache (the
+  rest; or ``kv_cache_memory_bytes``); the cache must hold one ``max_model_len`` sequence or vLLM refuses to start.
+  With ``sleep_mode`` (level 1) it sleeps from the end of generation to the weight sync: weights offloaded to host
+  memory, KV cache freed, ``VLLM_ASLEEP`` (CUDA graphs, buffers; an estimate) left on the GPU. The sync wakes the
+  weights, streams the policy's tensors one at a time, then wakes the KV cache.
+- **Activations of the update** (one micro-batch of ``B`` rows, forward and backward;
+  :func:`mmrl.plan.memory.update_activations`). Per token and block, what autograd keeps for the backward, counted op by
+  op: bf16 autocast over fp32 weights (the residual stream stays fp32) keeps ``34 h + 8 m`` in a decoder layer and in
+  a vision block; FSDP's bf16 mixed precision ``26 h + 8 m`` / ``32 h + 8 m``; fp32 ``40 h + 16 m`` / ``52 h + 16 m``;
+  plus ``4 heads + 8`` (softmax statistics) and, in a decoder layer, the padding mask as a bias (``2 S`` per token;
+  fp32 ``4 S``). With gradient checkpointing a block keeps only its input (``4 h``; bf16 ``2 h``) and the backward
+  recomputes one block at a time (casting its trainable matmul weights again: the block's, or its adapters' under
+  LoRA). Autocast caches a bf16 copy of every trainable matmul weight (``2 P_matmul``) until the backbone's forward
+  ends; frozen ones, stored in bf16, need no copy. The peak is the largest of: the end of the forward (what is kept,
+  the copies, one layer's transient ``4 h + 6 m``), the head's backward (five ``chunk x V x 4`` buffers, or a
+  trainable head weight's gradient summed over the chunks: three ``4 V h`` copies), the backward through the top
+  decoder layer and the top vision block (what is kept plus the recomputed block), and the embedding's gradient at the
+  very end (three ``4 V h`` copies when the head is tied to it: the head's gradient waits there through the whole
+  backward). Also kept: the micro-batch's pixels (fp32, or bf16 where the model's first parameter, which sets
+  ``model.dtype``, is a frozen weight stored in bf16: Qwen's patch embedding), the merger's and the final norm's
+  tensors, rotary tables, the ``B x S x S`` boolean mask. The vision tower sees ``merge^2`` patches per visual token,
+  one image per row (a group's rows each encode it). LoRA: the frozen base keeps no inputs for weight gradients, each
+  adapter its bf16 input and ``2 r`` (with dropout, CUDA's 1-byte mask per input element); the base keeps its bf16
+  weight for the backward, which is the stored one (no copy); with checkpointing peft's input hook (which transformers
+  puts on the patch embedding too) records the frozen vision tower, so its inputs are kept and back-propagated
+  through.
+- **Log-probs** (old / reference, no grad; :func:`mmrl.plan.memory.nograd_activations`): the largest of the vision
+  tower's phase, the language model's (the fp32 policy's autocast copies, the embeddings, one layer's transient and
+  mask bias) and the head's (``2 + entropy`` buffers of ``chunk x V x 4`` bytes; a bf16 head's fp32 copy ``4 V h``).
+- **Checked**: ``benchmarks/plan_accuracy.py`` measures these components in torch's own accounting of a real
+  training step of the 3B and 7B architectures (fake tensors): within 1-8% each.
+- **Outside torch's allocator**: ``CUDA_CONTEXT`` per process (CUDA context, cuBLAS and NCCL workspaces) and
+  ``ALLOCATOR_SLACK`` of torch's own peak for the caching allocator's fragmentation.
+
+The prompt is ``--text-tokens`` of text (default ``TEXT_TOKENS``) plus, per image, ``max_pixels / (patch x
+merge)^2`` visual tokens (one per 28 x 28 px for Qwen2.5-VL: ``patch_size x spatial_merge_size`` from the vision
+config) and per video ``video_max_frames / temporal_patch x video_max_pixels / (patch x merge)^2``; by default one
+image per prompt, or the most images and videos a record of ``data.train`` holds when that file exists. A
+multi-turn recipe (``rollout.env``) plans its longest episode as one sequence: ``max_turns`` completions and
+``max_turns - 1`` observations (each ``OBSERVATION_TEXT_TOKENS`` of text and one image, within ``max_images`` and
+``max_context_pixels``), cut at ``max_total_tokens``.
+
+The verdict compares each stage's total with the GPU (``--gpu-memory``, else ``hardware.gpu_memory_gib``, else 80
+GiB). A run that does not fit gets the cheapest change that does, found by planning each candidate again, in this
+order: a smaller micro-batch, gradient checkpointing, a smaller vLLM share, FSDP, LoRA, more GPUs.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field, replace
+
+from mmrl.config import Config, ConfigError, apply_overrides, from_dict, to_dict
+from mmrl.plan.memory import (
+    DTYPE_BYTES,
+    GIB,
+    ConfigNotLocal,
+    PlanOptions,
+    Setup,
+    adapted,
+    nograd_activations,
+    setup,
+    transient,
+    update_activations,
+    weight_copies,
+)
+
+CUDA_CONTEXT = 1.0 * GIB  # per process, outside torch's allocator: CUDA context, cuBLAS and NCCL workspaces
+ALLOCATOR_SLACK = 0.05  # of torch's peak: blocks the caching allocator holds but cannot hand out
+VLLM_DEFAULT_UTILIZATION = 0.3  # mmrl/rollout/vllm.py's default gpu_memory_utilization
+VLLM_WORKSPACE = 2.0 * GIB  # vLLM's profiled activations, sampler and CUDA graphs while awake (an estimate)
+VLLM_ASLEEP = 1.0 * GIB  # what a level-1-asleep engine keeps on the GPU (CUDA graphs, buffers; an estimate)
+STAGES = ("rollout", "log-probs", "update", "weight sync")
+
+
+# ---------------------------------------------------------------------------------------------- vLLM
+@dataclass(frozen=True)
+class Engine:
+    """A colocated vLLM engine's share of one GPU."""
+
+    weights: float
+    kv_cache: float
+    workspace: float
+    sleep: bool
+    kv_tokens: int  # tokens the KV cache holds
+    max_model_len: int
+    tp: int
+
+
+def engine(s: Setup) -> Engine | None:
+    if s.cfg.rollout.engine != "vllm":
+        return None
+    o, sh = s.cfg.rollout.engine_options, s.shapes
+    tp = int(o.get("tensor_parallel_size", 1))
+    per = DTYPE_BYTES.get(str(o.get("dtype", s.cfg.model.dtype)), 2)
+    weights = per * sh.params / tp
+    if o.get("kv_cache_memory_bytes") is not None:
+        kv = float(o["kv_cache_memory_bytes"])
+    else:
+        util = float(o.get("gpu_memory_utilization", VLLM_DEFAULT_UTILIZATION))
+        kv = max(0.0, util * s.hw.gpu_gib * GIB - weights - VLLM_WORKSPACE)
+    t = sh.text
+    kv_per_token = 2 * t.layers * max(1, t.kv_heads // tp) * (t.hidden // t.heads) * per
+    sleep = bool(o.get("sleep_mode", True))  # on by default on CUDA
+    max_len = int(o.get("max_model_len", sh.max_positions))
+    return Engine(weights, kv, VLLM_WORKSPACE, sleep, int(kv // kv_per_token), max_len, tp)
+
+
+# ---------------------------------------------------------------------------------------------- stages
+@dataclass
+class Plan:
+    setup: Setup
+    rows: dict[str, dict[str, float]]  # component -> stage -> bytes
+    totals: dict[str, float]  # stage -> bytes
+    peak_stage: str
+    problems: list[str] = field(default_factory=list)  # reasons it cannot start, besides the peak
+    update: dict[str, float] = field(default_factory=dict)  # the update's activation phases
+    advice: list[str] | None = None  # the cheapest change that fits (overrides and options), when it does not
+
+    @property
+    def peak(self) -> float:
+        return self.totals[self.peak_stage]
+
+    @property
+    def capacity(self) -> float:
+        return self.setup.hw.gpu_gib * GIB
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.capacity and not self.problems
+
+
+def plan_run(cfg: Config, opts: PlanOptions | None = None, *, advise: bool = True) -> Plan:
+    """The memory budget of ``cfg`` per rank, stage by stage; with ``advise``, the cheapest change that fits."""
+    s = setup(cfg, opts)
+    rows = _components(s)
+    torch_part = {st: sum(v[st] for k, v in rows.items() if k not in _NOT_TORCH) for st in STAGES}
+    rows["allocator slack"] = {st: ALLOCATOR_SLACK * torch_part[st] for st in STAGES}
+    totals = {st: sum(v[st] for v in rows.values()) for st in STAGES}
+    p = Plan(s, rows, totals, max(STAGES, key=totals.get), _problems(s), update_activations(s))
+    if advise and not p.fits:
+        p.advice = _advice(cfg, opts or PlanOptions())
+    return p
+
+
+_NOT_TORCH = ("vLLM weights", "vLLM KV cache and workspace", "vLLM asleep", "CUDA context")
+
+
+def torch_peak(p: Plan) -> tuple[float, str]:
+    """The bytes torch's caching allocator hands out at the plan's peak (``torch.cuda.max_memory_allocated``'s
+    measure: no CUDA context, no vLLM, no allocator slack), and the stage where it happens."""
+    part = {
+        st: sum(v[st] for k, v in p.rows.items() if k not in (*_NOT_TORCH, "allocator slack"))
+        for st in STAGES
+    }
+    stage = max(STAGES, key=part.get)
+    return part[stage], stage
+
+
+def _components(s: Setup) -> dict[str, dict[str, float]]:
+    sh, e = s.shapes, engine(s)
+    train = s.trainable / s.shard
+    ref = DTYPE_BYTES[s.cfg.model.dtype] * sh.params if s.ref_copy else 0.0
+    grads = 4.0 * train
+    logprobs = max(
+        nograd_activations(s, policy=True) if s.old_forward else 0.0,
+        nograd_activations(s, policy=False) if s.ref_copy else 0.0,
+        nograd_activations(s, policy=True) if s.lora and s.cfg.algo.kl_coef > 0 else 0.0,
+    )
+    rows = {
+        "policy weights (fp32)": _every(_policy_weights(s)),
+        "gradients (fp32)": _every(grads) if s.ddp else _only("update", grads),
+        "AdamW state (2 x fp32)": _every(8.0 * train),
+        "reference model": _every(ref),
+        "activations": {
+            "rollout": _hf_generation(s) if e is None else 0.0,
+            "log-probs": logprobs,
+            "update": max(update_activations(s)["peak"], 4.0 * train),  # the step's foreach temporaries
+            "weight sync": _sync_transient(s) if e is not None else 0.0,
+        },
+        "CUDA context": _every(CUDA_CONTEXT),
+    }
+    if e is not None:
+        rows |= _engine_rows(e)
+    return {k: {st: float(v.get(st, 0.0)) for st in STAGES} for k, v in rows.items()}
+
+
+def _policy_weights(s: Setup) -> float:
+    """fp32 master weights (adapters included), the frozen Linear/Conv weights in ``model.dtype``; sharded by FSDP."""
+    low = DTYPE_BYTES[s.cfg.model.dtype] * s.frozen_low
+    return (4.0 * (s.shapes.params + s.adapters - s.frozen_low) + low) / s.shard
+
+
+def _engine_rows(e: Engine) -> dict[str, dict[str, float]]:
+    """vLLM is awake for the rollout; asleep (level 1) through the log-probs and the update; the weight sync wakes
+    the weights, and the KV cache only after it. Without sleep mode it keeps everything throughout."""
+    if not e.sleep:
+        return {
+            "vLLM weights": _every(e.weights),
+            "vLLM KV cache and workspace": _every(e.kv_cache + e.workspace),
+        }
+    return {
+        "vLLM weights": {"rollout": e.weights, "weight sync": e.weights},
+        "vLLM KV cache and workspace": {"rollout": e.kv_cache + e.workspace},
+        "vLLM asleep": {"log-probs": VLLM_ASLEEP, "update": VLLM_ASLEEP},
+    }
+
+
+def _every(x: float) -> dict[str, float]:
+    return dict.fromkeys(STAGES, x)
+
+
+def _only(stage: str, x: float) -> dict[str, float]:
+    return {stage: x}
+
+
+def _hf_generation(s: Setup) -> float:
+    """The HF engine's ``generate``: ``rollout.batch_size x n`` sequences at once, their bf16 KV cache, the autocast
+    weight copies (one autocast region around the whole call), the prefill's transient and the step's logits."""
+    c, t = s.cfg, s.shapes.text
+    prompts = max(1, min(c.rollout.batch_size, c.train.prompts_per_step // s.hw.world))
+    seqs = prompts * c.rollout.n
+    kv = 2 * t.layers * t.kv_heads * (t.hidden // t.heads) * 2 * seqs * s.seq.total
+    prefill = seqs * s.seq.prompt * (transient(s, "text") + 12 * t.hidden) + seqs * s.seq.prompt**2
+    gathered = DTYPE_BYTES[c.model.dtype] * s.shapes.params if s.fsdp else 0.0  # Policy.full_weights
+    return weight_copies(s) + gathered + kv + prefill + 4 * 4 * seqs * s.shapes.vocab
+
+
+def _sync_transient(s: Setup) -> float:
+    """The weight sync streams one tensor at a time in the engine's dtype (the largest: the embedding); a LoRA layer
+    is merged in fp32 (base, delta, sum)."""
+    sh = s.shapes
+    largest = max([sh.embed_params] + [i * o for _, i, o in sh.linears])
+    merge = 12.0 * max((i * o for _, i, o in adapted(sh, s.cfg)), default=0) if s.lora else 0.0
+    return 2.0 * largest + merge
+
+
+def _problems(s: Setup) -> list[str]:
+    """What stops the run from starting whatever the peak: vLLM's KV cache too small for one sequence."""
+    e = engine(s)
+    if e is None:
+        return []
+    need = min(e.max_model_len, s.shapes.max_positions)
+    if e.kv_tokens < need:
+        return [
+            f"vLLM's KV cache holds {e.kv_tokens:,} tokens, fewer than max_model_len {need:,}: vLLM refuses to "
+            f"start (set rollout.engine_options.max_model_len: {s.seq.total} or raise gpu_memory_utilization)"
+        ]
+    if e.kv_tokens < s.seq.total:
+        return [f"vLLM's KV cache holds {e.kv_tokens:,} tokens, fewer than one sequence ({s.seq.total:,})"]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------- advice
+def _with(cfg: Config, overrides: list[str]) -> Config:
+    return from_dict(Config, apply_overrides(copy.deepcopy(to_dict(cfg)), overrides))
+
+
+def _try(cfg: Config, overrides: list[str], opts: PlanOptions) -> Plan | None:
+    try:
+        return plan_run(_with(cfg, overrides), opts, advise=False)
+    except (ConfigError, ValueError):
+        return None
+
+
+def _advice(cfg: Config, opts: PlanOptions) -> list[str] | None:
+    """The cheapest change that fits: each group of changes is tried (with the micro-batch as configured, then
+    halved: ``optim.micro_batch_tokens`` where set, else ``optim.micro_batch_size``) on top of the best change of the
+    groups before it (the one that lowered the peak most and keeps the run startable), in the module docstring's
+    order."""
+    given, done = opts, []
+    key = "micro_batch_tokens" if cfg.optim.micro_batch_tokens > 0 else "micro_batch_size"
+    best = _try(cfg, [], opts)
+    for group in _change_groups(cfg, setup(cfg, opts), opts):
+        tried = []
+        for changes, new_opts in group:
+            for micro in [None, *_halvings(getattr(cfg.optim, key))]:
+                trial = done + changes + ([f"optim.{key}={micro}"] if micro else [])
+                p = _try(cfg, trial, new_opts)
+                if p is not None and p.fits:
+                    return trial + _options_text(new_opts, given)
+                if micro is None and p is not None and not p.problems:
+                    tried.append((p.peak, changes, new_opts))
+        lower = min(tried, key=lambda x: x[0], default=None)
+        if lower is not None and best is not None and lower[0] < best.peak:
+            done, opts = done + lower[1], lower[2]
+            best = _try(cfg, done, opts)
+    return None
+
+
+def _halvings(n: int) -> list[int]:
+    out = []
+    while n > 1:
+        n //= 2
+        out.append(n)
+    return out
+
+
+def _change_groups(cfg: Config, s: Setup, opts: PlanOptions) -> list[list[tuple[list[str], PlanOptions]]]:
+    groups: list[list[tuple[list[str], PlanOptions]]] = [[([], opts)]]  # the micro-batch alone
+    if not cfg.model.gradient_checkpointing:
+        groups.append([(["model.gradient_checkpointing=true"], opts)])
+    groups.append([(c, opts) for c in _engine_shares(cfg, s)])
+    if s.hw.world > 1 and not s.fsdp:
+        groups.append([(["train.fsdp=true"], opts)])
+    if not s.lora:
+        groups.append([(["model.lora.r=16"], opts)])
+    more = []
+    for gpus, nodes in ((2, 1), (4, 1), (8, 1), (8, 2), (8, 4)):
+        world = gpus * nodes
+        if world > s.hw.world and cfg.train.prompts_per_step % world == 0:
+            more.append((["train.fsdp=true"], replace(opts, gpus=gpus, nodes=nodes)))
+    groups.append(more)
+    return groups
+
+
+def _engine_shares(cfg: Config, s: Setup) -> list[list[str]]:
+    """Smaller vLLM shares, mildest first; with a max_model_len of one planned sequence when the cache cannot hold
+    the model's own (then vLLM would not start)."""
+    e = engine(s)
+    if e is None:
+        return []
+    key = "rollout.engine_options"
+    fix = [f"{key}.max_model_len={s.seq.total}"] if _problems(s) else []
+    o = cfg.rollout.engine_options
+    if o.get("kv_cache_memory_bytes") is not None:
+        kv = int(o["kv_cache_memory_bytes"])
+        return [fix + [f"{key}.kv_cache_memory_bytes={kv >> k}"] for k in range(1, 5) if kv >> k >= GIB]
+    util = float(o.get("gpu_memory_utilization", VLLM_DEFAULT_UTILIZATION))
+    shares = [round(util - 0.05 * k, 2) for k in range(1, 20) if util - 0.05 * k >= 0.1 - 1e-9]
+    return ([fix] if fix else []) + [fix + [f"{key}.gpu_memory_utilization={u}"] for u in shares]
+
+
+def _options_text(new: PlanOptions, old: PlanOptions) -> list[str]:
+    out = []
+    if new.gpus != old.gpus:
+        out.append(f"--gpus {new.gpus}")
+    if new.nodes != old.nodes:
+        out.append(f"--nodes {new.nodes}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _gib(x: float) -> str:
+    return f"{x / GIB:.2f}"
+
+
+def format_plan(p: Plan, name: str) -> str:
+    s, sh = p.setup, p.setup.shapes
+    lines = [
+        f"mmrl plan: {name}",
+        f"model: {sh.params / 1e9:.2f} B parameters ({sh.vision_params / 1e9:.2f} B in the vision tower), "
+        f"shapes from {sh.source}/config.json",
+        f"hardware: {s.hw.nodes} node(s) x {s.hw.gpus_per_node} GPU(s) of {s.hw.gpu_gib:g} GiB"
+        + (f" ({s.hw.name})" if s.hw.name else "")
+        + f", from {s.hw.source}",
+        f"run: {_run_text(s)}",
+        f"sequence: {_sequence_text(s)}",
+        "",
+        *_table(p),
+        "",
+        f"peak: {_gib(p.peak)} GiB in the {p.peak_stage} stage",
+        "update activations by phase, GiB: "
+        + ", ".join(f"{k} {_gib(v)}" for k, v in p.update.items() if k != "peak")
+        + f" (gradient checkpointing {'on' if s.cfg.model.gradient_checkpointing else 'off'})",
+    ]
+    e = engine(s)
+    if e is not None:
+        lines.append(
+            f"vLLM: weights {_gib(e.weights)} GiB, KV cache {_gib(e.kv_cache)} GiB = {e.kv_tokens:,} tokens "
+            f"({e.kv_tokens // max(1, s.seq.total):,} sequences of {s.seq.total:,} at once), "
+            f"{'asleep (level 1) outside the rollout' if e.sleep else 'awake throughout (no sleep_mode)'}"
+        )
+    lines += [f"verdict: {verdict(p)}"] + [f"  {x}" for x in p.problems]
+    if not p.fits:
+        lines.append(f"cheapest change that fits: {advice_text(p)}")
+    est = time_estimate(s)
+    if est:
+        lines.append(est)
+    return "\n".join(lines)
+
+
+def _table(p: Plan) -> list[str]:
+    lines = [f"{'per GPU, GiB':34s}" + "".join(f"{st:>12s}" for st in STAGES)]
+    for name, row in p.rows.items():
+        if any(row.values()):
+            lines.append(
+                f"  {name:32s}" + "".join(f"{_gib(row[st]) if row[st] else '-':>12s}" for st in STAGES)
+            )
+    return lines + [f"  {'total':32s}" + "".join(f"{_gib(p.totals[st]):>12s}" for st in STAGES)]
+
+
+def verdict(p: Plan) -> str:
+    cap = f"{p.setup.hw.gpu_gib:g} GiB per GPU"
+    if p.fits:
+        return f"fits: peak {_gib(p.peak)} GiB of {cap} ({_gib(p.capacity - p.peak)} GiB to spare)"
+    if p.peak > p.capacity:
+        return f"does not fit: peak {_gib(p.peak)} GiB in the {p.peak_stage} stage > {cap}"
+    return f"does not fit: {p.problems[0]}"
+
+
+def advice_text(p: Plan) -> str:
+    if not p.advice:
+        return "none found among smaller micro-batches, checkpointing, a smaller vLLM share, FSDP, LoRA, more GPUs"
+    gpus = [a for a in p.advice if a.startswith("--")]
+    overrides = [a for a in p.advice if not a.startswith("--")]
+    return " ".join(overrides + gpus) + (
+        "" if not gpus else " (launch that many processes, torchrun/accelerate)"
+    )
+
+
+def _run_text(s: Setup) -> str:
+    c = s.cfg
+    kind = f"LoRA r={c.model.lora.r}" if s.lora else "full fine-tuning"
+    precision = {"autocast": "bf16 autocast over fp32 master weights", "bf16": "FSDP bf16 mixed precision"}
+    frozen = f" ({s.frozen_low / 1e9:.2f} B frozen Linear/Conv weights in bf16)" if s.frozen_low else ""
+    parts = [
+        f"{kind} ({s.trainable / 1e9:.2f} B trainable)",
+        precision.get(s.mode, "fp32") + frozen,
+        "gradient checkpointing" if c.model.gradient_checkpointing else "no gradient checkpointing",
+        f"{s.hw.world} process(es)" + (", FSDP2" if s.fsdp else ", DDP" if s.ddp else ""),
+        ("a reference copy" if s.ref_copy else "no reference copy"),
+        f"{c.rollout.engine} rollouts",
+    ]
+    return ", ".join(parts)
+
+
+def _sequence_text(s: Setup) -> str:
+    q, m = s.seq, s.cfg.model
+    media = []
+    if q.images:
+        media.append(f"{q.images} image(s) at max_pixels {m.max_pixels:,}")
+    if q.videos:
+        media.append(f"{q.videos} video(s) of {m.video_max_frames} frames at {m.video_max_pixels:,} px")
+    return (
+        f"prompt {q.prompt:,} tokens ({q.text_tokens:,} text + {q.visual_tokens:,} visual"
+        + (f": {', '.join(media)}" if media else "")
+        + f") + response {q.response:,} = {q.total:,}; micro-batch {s.micro} rows (update), "
+        f"{s.micro_nograd} (log-probs)"
+    )
+
+
+# GPU: (dense bf16 FLOP/s, memory bandwidth B/s), for the rough time
+GPUS = {
+    "H200": (989e12, 4.8e12),
+    "H100": (989e12, 3.35e12),
+    "A100": (312e12, 2.0e12),
+    "B200": (2250e12, 8e12),
+}
+MFU = 0.4  # sustained share of the bf16 peak assumed for the forwards and backwards
+
+
+def time_estimate(s: Setup) -> str | None:
+    """Seconds per step, roughly: forwards and backwards at ``MFU`` of the GPU's bf16 peak, decoding at its memory
+    bandwidth (each decode step reads the weights once); None for a GPU not in :data:`GPUS`."""
+    gpu = next((v for k, v in GPUS.items() if k in (s.hw.name or "")), None)
+    if gpu is None:
+        return None
+    flops, bandwidth = gpu
+    c, sh = s.cfg, s.shapes
+    rows = c.train.prompts_per_step * c.rollout.n / s.hw.world
+    text = sh.params - sh.vision_params - sh.embed_params
+    forward = 2 * rows * (text * s.seq.total + sh.vision_params * s.seq.patches)
+    update = c.algo.epochs * forward * (3 + c.model.gradient_checkpointing)
+    logprobs = forward * (s.old_forward + (c.algo.kl_coef > 0))
+    e = engine(s)
+    concurrent = (
+        max(1, e.kv_tokens // max(1, s.seq.total)) if e else max(1, c.rollout.batch_size * c.rollout.n)
+    )
+    decode = s.seq.response * math.ceil(rows / concurrent) * 2 * sh.params / (e.tp if e else 1) / bandwidth
+    sustained = MFU * flops
+    return (
+        f"time per step (rough; {MFU:.0%} of the {s.hw.name}'s bf16 peak, decoding at its memory bandwidth): "
+        f"rollout >= {decode + forward / 3 / sustained:.0f} s, log-probs {logprobs / sustained:.0f} s, "
+        f"update {update / sustained:.0f} s"
+    )
+
+
+# ---------------------------------------------------------------------------------------------- pre-flight
+def would_use_cuda(cfg: Config) -> bool:
+    """Whether ``mmrl train`` would put the policy on a GPU: the one question that decides whether the pre-flight
+    plan runs."""
+    device = cfg.model.device
+    if device.startswith("cuda"):
+        return True
+    if device != "auto":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def preflight(cfg: Config, *, force: bool = False) -> Plan | None:
+    """``mmrl train``'s memory check before any model loads: a run bound for a GPU is planned on this machine (the
+    launcher's process count, the GPU's memory, else the config's ``hardware:``) and refused with the cheapest change
+    that fits when it cannot fit, unless ``force``. A model whose config is not local is not planned (a warning)."""
+    if not would_use_cuda(cfg):
+        return None
+    try:
+        p = plan_run(cfg, _this_machine())
+    except ConfigNotLocal as e:
+        import logging
+
+        logging.getLogger("mmrl.plan.planner").warning("memory plan skipped: %s", e)
+        return None
+    if p.fits or force:
+        return p
+    raise ConfigError(
+        f"the run {verdict(p)}; cheapest change that fits: {advice_text(p)} "
+        "(`mmrl plan CONFIG` prints the budget; `mmrl train --force` starts it anyway)"
+    )
+
+
+def _this_machine() -> PlanOptions:
+    import os
+
+    import torch
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    memory = torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else None
+    return PlanOptions(gpus=local, nodes=max(1, world // local), gpu_memory_gib=memory)

@@ -1,0 +1,699 @@
+"""The episode driver: multi-turn rollouts built by appending token ids (issue 20 §1, ALGORITHMS.md §6).
+
+An episode is ``prompt | completion_1 | obs_1 | completion_2 | obs_2 | ... | completion_k``. Each turn the driver
+hands every live episode's whole current sequence to ONE ``engine.generate`` call, steps every live episode in the
+:class:`~mmrl.envs.EnvPool` in parallel, and appends the observation's tokens. Earlier turns are never
+re-tokenised, so the sequence trained on is the sequence sampled, token for token; the training forward scores it in
+one pass (:func:`trajectory_logprobs`, equal to the engine's per-turn log-probs, ``tests/test_episodes.py``).
+
+Observation turns as token deltas (:func:`observation_delta`): the chat template renders a conversation whose
+assistant turn says a sentinel, followed by the observation's turn (``user``, or ``tool``) and the generation prompt;
+the delta is the text after the assistant's end-of-turn marker (the first of the checkpoint's stop tokens after the
+sentinel), so for Qwen
+``\n<|im_start|>user\n{text}<|vision_start|><|image_pad|>...<|vision_end|><|im_end|>\n<|im_start|>assistant\n``.
+The observation's content is its text, then its images (the order of :mod:`mmrl.envs.base`). The processor tokenises
+the delta alone (no BOS) with the new images resized at the policy's geometry as :meth:`Policy.encode` resizes the
+first turn's, so its image placeholders expand to the same counts; the marker is a special token, so the text after
+it tokenises alone as it does in a whole conversation. A completion that did not end with the marker (cut by length,
+or another stop id such as Qwen's ``<|endoftext|>`` or GLM's ``</answer>``) gets the marker appended as an
+environment token (mask 0) before the delta, so the next turn has the structure the template gives. Checked
+against :meth:`Policy.encode` of whole conversations (tests/test_episodes.py): equal ids and media for Qwen2-VL,
+Qwen2.5-VL, Qwen3-VL, Gemma 3, GLM-4.1V, InternVL, LLaVA-OneVision, Idefics3, SmolVLM, Mistral 3 and Llama 4. Where
+a template renders OLD assistant turns unlike what was sampled (thinking templates: Qwen3.5's generation prompt
+opens ``<think>``, which old turns lose when rendered again; Gemma 4's thought channel), a re-rendered conversation
+differs from the sampled one: that is why ids are appended. The env reads each turn as ``response_prefix`` (what the
+generation prompt opened) plus the completion's text, as rewards do.
+
+The first turn: the sample's own messages plus what the env's ``reset`` shows (its text after the prompt's text,
+its images after the prompt's images), encoded by :meth:`Policy.encode`. The env sees the sample with the image
+sizes and coordinate frame in its metadata, as rewards do (the zoom env maps boxes with them).
+
+Media of the whole trajectory (``mm``) come from one processor call over all its images in order (the rendered
+texts of the prompt and the deltas carry their placeholders; the ids of that call are not used), so every family's
+batching convention comes out as :meth:`Policy.encode` of the whole conversation would give it (per-image rows in
+Qwen, one row holding all tiles in Idefics3, per-prompt counts in LLaVA-OneVision); it is rerun only on turns that add
+images. Per-token tensors (``seq``: ``mm_token_type_ids``, Gemma 3's ``token_type_ids``) are the prompt's, the
+deltas' own, and 0 on sampled and appended marker tokens.
+
+Pixel budget (:class:`ImageBudget`): earlier images are never dropped or shrunk, because that would change tokens
+the later turns were sampled after (the training forward must see what each turn's sampling saw, and a causal
+forward over one sequence cannot show an image to turn 2 and hide it from turn 3). Instead the budget acts on the
+NEW images of an observation: with ``rule: downscale`` they are resized to share what is left of ``max_pixels``
+(model-input pixels of all images in the context), and when even the geometry's smallest size does not fit, or
+``max_images`` would be exceeded, the episode ends (``end = "image_budget"``); with ``rule: end`` it ends at once.
+
+Limits: an episode ends when its env says ``done`` (``end = "done"``, or ``"error"`` when the step failed: a raising
+env, a timeout, a crashed worker; the other episodes go on), after ``max_turns`` completions (``"max_turns"``), or
+when the next turn (marker, observation and ``max_new_tokens``) would take the sequence past ``max_total_tokens``
+(``"max_tokens"``); the first turn always runs. An episode whose env fails at ``reset`` has no turns (an empty
+response, ``end = "error"``).
+
+Teacher-forced episodes (``teacher="oracle"``): each turn's completion is not sampled but is the env's oracle text
+(:meth:`mmrl.envs.Env.oracle`, asked through :meth:`EnvPool.oracle`) tokenised alone (no special tokens) and
+followed by the assistant's end-of-turn marker, so it ends like a sampled completion that stopped: mask 1, log-probs
+0, ``finish_reason`` ``"stop"``. When the oracle's text starts with the turn's ``response_prefix`` (the think block
+the generation prompt opened), that prefix is cut from the completion, since the env reads prefix + completion.
+Everything else (observations, deltas, images, budgets, limits) is the sampled path's; no engine is needed. An
+oracle that has no action before the env said done ends its episode (``end = "error"``). The mask-1 tokens of such a
+trajectory are exactly what the policy would sample, so :func:`trajectory_logprobs` over it is the multi-turn SFT
+objective (:mod:`mmrl.train.sft`).
+
+The training forward (:func:`trajectory_logprobs`) is the padded layout of :meth:`Policy.collate` over whole
+trajectories; environment tokens keep their ids (an observation's image placeholders are image slots there, unlike
+a completion's, which :meth:`Policy.collate` blanks).
+
+Single-turn samples (no env) are the same path, an episode of one turn: the G episodes of a sample share its
+:class:`EncodedPrompt`, and contexts shared by n episodes are generated as ``n`` completions of one prompt, so the
+engine call is exactly the collector's single-turn ``engine.generate(prompts, SamplingParams(n=G))``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from mmrl.algos.advantages import Turn
+from mmrl.model.logprobs import selective_logprobs
+from mmrl.model.policy import EncodedPrompt, Policy, _opened_think
+from mmrl.rollout.base import Completion, SamplingParams
+from mmrl.types import Sample
+
+if TYPE_CHECKING:
+    from mmrl.envs.base import Observation, StepResult
+    from mmrl.envs.pool import EnvPool
+
+SENTINEL = "MMRLTURNSENTINEL"  # the stand-in assistant text the delta is cut after
+_IDS = itertools.count()  # episode ids unique in this process: an EnvPool refuses a live id twice
+
+
+# ---------------------------------------------------------------------------------------------- observation deltas
+
+
+@dataclass
+class Delta:
+    """An observation turn as tokens appended after the assistant's end-of-turn marker."""
+
+    ids: list[int]
+    seq: dict[str, torch.Tensor]  # [len(ids)] per-token tensors of the processor (mm_token_type_ids, ...)
+    text: str  # the rendered delta (its image placeholders unexpanded)
+    images: list[Any] = field(default_factory=list)  # PIL images, model size
+    image_sizes: list[tuple[int, int]] = field(default_factory=list)  # original (w, h)
+    model_image_sizes: list[tuple[int, int]] = field(default_factory=list)  # (w, h) the model sees
+    response_prefix: str = ""  # a think block the generation prompt opens
+
+
+def end_of_turn(
+    policy: Policy, role: str = "user", content: list[dict[str, Any]] | None = None
+) -> tuple[int, str]:
+    """The assistant's end-of-turn marker ``(token id, string)`` and the text the template writes after it for a
+    following ``role`` turn with ``content`` (the delta's text, with the generation prompt)."""
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": SENTINEL}]},
+        {"role": role, "content": content if content is not None else [{"type": "text", "text": "."}]},
+    ]
+    rendered = policy.processor.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **policy.cfg.chat_template_kwargs
+    )
+    after = rendered[rendered.index(SENTINEL) + len(SENTINEL) :]
+    stops = dict(zip(policy.tokenizer.convert_ids_to_tokens(policy.eos_ids), policy.eos_ids))
+    found = [(after.find(s), s) for s in stops if s and after.find(s) >= 0]
+    if not found:
+        raise ValueError(
+            f"the chat template writes none of the stop tokens {sorted(stops)} after an assistant turn "
+            f"({after[:80]!r}...); multi-turn episodes need the assistant's end-of-turn marker among the "
+            "checkpoint's eos_token_id (generation_config.json)"
+        )
+    at, marker = min(found)
+    return stops[marker], after[at + len(marker) :]
+
+
+def prepare_images(
+    policy: Policy, sources: list[Any], record_id: str, max_pixels: int | None = None
+) -> tuple[list[Any], list[tuple[int, int]], list[tuple[int, int]]]:
+    """Images (paths or PIL) resized at the policy's geometry as :meth:`Policy.encode` resizes them, under
+    ``max_pixels`` when given (else the policy's): ``(images, original sizes, model sizes)``."""
+    from mmrl.processors.image import load_image
+
+    cfg = policy.cfg
+    hi = cfg.max_pixels if max_pixels is None else max_pixels
+    out, sizes, model_sizes = [], [], []
+    for src in sources:
+        img = load_image(src, record_id=record_id)
+        resized, geom = policy.geometry.prepare_image(
+            img, min_pixels=min(cfg.min_pixels, hi), max_pixels=hi, record_id=record_id
+        )
+        out.append(resized)
+        sizes.append(geom.original_size)
+        model_sizes.append(geom.model_size)
+    return out, sizes, model_sizes
+
+
+def observation_delta(
+    policy: Policy,
+    text: str,
+    images: Sequence[Any] = (),
+    *,
+    role: str = "user",
+    max_pixels: int | None = None,
+    record_id: str = "?",
+    prepared: tuple[list[Any], list[tuple[int, int]], list[tuple[int, int]]] | None = None,
+) -> Delta:
+    """The tokens (and per-token tensors) the chat template appends after the assistant's end-of-turn marker for an
+    observation turn ``role`` saying ``text`` and then showing ``images`` (paths or PIL; ``prepared``: already
+    resized by :func:`prepare_images`). See the module docstring."""
+    imgs, sizes, model_sizes = prepared or prepare_images(policy, list(images), record_id, max_pixels)
+    content = ([{"type": "text", "text": text}] if text else []) + [{"type": "image"} for _ in imgs]
+    _, rendered = end_of_turn(policy, role, content)
+    kwargs: dict[str, Any] = {"text": [rendered], "return_tensors": "pt", "add_special_tokens": False}
+    if imgs:
+        kwargs["images"] = imgs
+        kwargs["images_kwargs"] = policy.geometry.processor_kwargs()["images_kwargs"]
+    out = policy.processor(**kwargs)
+    L = out["input_ids"].shape[1]
+    seq = {
+        k: v[0]
+        for k, v in out.items()
+        if k not in ("input_ids", "attention_mask") and v.dim() == 2 and v.shape[0] == 1 and v.shape[1] == L
+    }
+    return Delta(
+        out["input_ids"][0].tolist(), seq, rendered, imgs, sizes, model_sizes, _opened_think(rendered)
+    )
+
+
+def all_media(
+    policy: Policy, texts: list[str], images: list[Any], prompt: EncodedPrompt | None = None
+) -> dict[str, torch.Tensor]:
+    """The ``mm`` tensors of a whole trajectory: one processor call over all its (model-size) images in order, and
+    the first ``prompt``'s videos, with the rendered texts holding their placeholders (the ids of this call are not
+    used)."""
+    media = policy.geometry.processor_kwargs()
+    kwargs: dict[str, Any] = {"text": ["".join(texts)], "return_tensors": "pt", "add_special_tokens": False}
+    if images:
+        kwargs["images"] = images
+        kwargs["images_kwargs"] = media["images_kwargs"]
+    if prompt is not None and prompt.videos:  # as Policy.encode hands them over: each video with its own rate
+        kwargs["videos"] = prompt.videos
+        kwargs["videos_kwargs"] = {
+            **media["videos_kwargs"],
+            "video_metadata": [
+                {"fps": fps, "total_num_frames": len(v), "frames_indices": list(range(len(v)))}
+                for v, fps in zip(prompt.videos, prompt.video_fps)
+            ],
+        }
+    if "images" not in kwargs and "videos" not in kwargs:
+        return {}
+    out = policy.processor(**kwargs)
+    L = out["input_ids"].shape[1]
+    return {
+        k: v
+        for k, v in out.items()
+        if k not in ("input_ids", "attention_mask")
+        and not (v.dim() == 2 and v.shape[0] == 1 and v.shape[1] == L)
+    }
+
+
+# ---------------------------------------------------------------------------------------------- trajectories
+
+
+@dataclass
+class StepInfo:
+    """One turn, for ``rollouts.jsonl``: the action as the env read it, its reward, the state it was taken in, the
+    images the env answered with (shown to the next turn when it ran) and the env's info."""
+
+    action: str
+    reward: float
+    state_key: str
+    finish_reason: str  # the completion's: "stop" or "length"
+    images: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """One episode: ``prompt`` (the first turn as encoded) and the ``response`` after it, sampled tokens (mask 1,
+    with their rollout log-probs) and environment tokens (mask 0, log-prob 0); ``turns`` are the sampled spans over
+    ``response`` (:class:`mmrl.algos.advantages.Turn`); ``mm``/``seq`` cover every image of every turn."""
+
+    episode_id: str
+    sample: Sample
+    prompt: EncodedPrompt
+    response: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    steps: list[StepInfo] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)  # rendered prompt and deltas, for all_media
+    images: list[Any] = field(default_factory=list)  # PIL, model size, all turns in order
+    image_sizes: list[tuple[int, int]] = field(default_factory=list)
+    model_image_sizes: list[tuple[int, int]] = field(default_factory=list)
+    mm: dict[str, torch.Tensor] = field(default_factory=dict)
+    seq_parts: list[tuple[int, dict[str, torch.Tensor]]] = field(default_factory=list)  # (length, tensors)
+    completions: list[Completion] = field(default_factory=list)
+    parts: list[str | list[int]] = field(default_factory=list)  # context() engine form: EncodedPrompt.parts
+    end: str = ""  # done | error | max_turns | max_tokens | image_budget | single_turn
+    error: str | None = None
+    state_key: str = ""  # the state the next action is taken in
+    response_prefix: str = ""  # what the current turn's generation prompt opened (a think block)
+    _context: EncodedPrompt | None = field(default=None, repr=False)
+
+    @classmethod
+    def start(cls, episode_id: str, sample: Sample, prompt: EncodedPrompt, state_key: str) -> Trajectory:
+        return cls(
+            episode_id,
+            sample,
+            prompt,
+            texts=[prompt.text],
+            parts=[prompt.text],
+            images=list(prompt.images),
+            image_sizes=list(prompt.image_sizes),
+            model_image_sizes=list(prompt.model_image_sizes),
+            mm=prompt.mm,
+            seq_parts=[(len(prompt.input_ids), prompt.seq)],
+            state_key=state_key,
+            response_prefix=prompt.response_prefix,
+            _context=prompt,
+        )
+
+    @property
+    def episode_return(self) -> float:
+        return float(sum(t.reward for t in self.turns))
+
+    @property
+    def success(self) -> bool:
+        """The env's verdict on its last step (``info["success"]``, which ``zoom`` and ``browser_app`` give), else a
+        positive return (an outcome env's reward; with a process reward such as ``step_reward`` the return alone
+        would count partial credit as success)."""
+        if self.steps and "success" in self.steps[-1].info:
+            return bool(self.steps[-1].info["success"])
+        return self.episode_return > 0
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt.input_ids) + len(self.response)
+
+    def context(self) -> EncodedPrompt:
+        """The whole sequence so far as one prompt (the engine's next input; the same object until it grows)."""
+        if self._context is None:
+            ids = torch.cat([self.prompt.input_ids, torch.tensor(self.response, dtype=torch.long)])
+            self._context = replace(
+                self.prompt,
+                input_ids=ids,
+                mm=self.mm,
+                seq=self.seq(),
+                image_sizes=list(self.image_sizes),
+                model_image_sizes=list(self.model_image_sizes),
+                text="",  # the sequence is ids, not a re-renderable text
+                parts=list(self.parts) if self.prompt.text else [],  # placeholders unexpanded, for vLLM
+                images=list(self.images),
+                response_prefix=self.response_prefix,
+            )
+        return self._context
+
+    def set_media(self, mm: dict[str, torch.Tensor]) -> None:
+        self.mm, self._context = mm, None
+
+    def seq(self) -> dict[str, torch.Tensor]:
+        keys = sorted({k for _, part in self.seq_parts for k in part})
+        out = {}
+        for key in keys:
+            dtype = next(p[key].dtype for _, p in self.seq_parts if key in p)
+            out[key] = torch.cat(
+                [p[key].to(dtype) if key in p else torch.zeros(n, dtype=dtype) for n, p in self.seq_parts]
+            )
+        return out
+
+    def add_completion(self, c: Completion) -> None:
+        start = len(self.response)
+        self._extend(c.token_ids, 1, c.logprobs)
+        self.completions.append(c)
+        self.parts.append(list(c.token_ids))
+        self.turns.append(Turn(start, len(self.response), 0.0, self.state_key))
+
+    def reward_last_turn(self, reward: float) -> None:
+        self.turns[-1] = replace(self.turns[-1], reward=float(reward))
+
+    def add_observation(self, delta: Delta, marker: int | None) -> None:
+        """Append an observation (after the end-of-turn ``marker`` when the completion did not sample it)."""
+        if marker is not None:
+            self._extend([marker], 0)
+            self.parts.append([marker])
+        self._extend(delta.ids, 0, seq=delta.seq)
+        self.texts.append(delta.text)
+        self.parts.append(delta.text)
+        if delta.images:
+            self.images += delta.images
+            self.image_sizes += delta.image_sizes
+            self.model_image_sizes += delta.model_image_sizes
+        self.response_prefix = delta.response_prefix
+
+    def _extend(
+        self, ids: list[int], mask: int, logps: list[float] | None = None, seq: dict | None = None
+    ) -> None:
+        self.response += ids
+        self.mask += [mask] * len(ids)
+        self.logprobs += list(logps) if logps is not None else [0.0] * len(ids)
+        self.seq_parts.append((len(ids), seq or {}))
+        self._context = None
+
+    def to_record(self) -> dict[str, Any]:
+        """Plain data for ``rollouts.jsonl``."""
+        return {
+            "episode_id": self.episode_id,
+            "sample_id": self.sample.id,
+            "return": self.episode_return,
+            "success": self.success,
+            "end": self.end,
+            **({"error": self.error} if self.error else {}),
+            "response_tokens": len(self.response),
+            "sampled_tokens": int(sum(self.mask)),
+            "turns": [
+                {"action": s.action, "reward": s.reward, "state_key": s.state_key, "images": s.images,
+                 "finish_reason": s.finish_reason, "info": s.info}
+                for s in self.steps
+            ],
+        }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- the driver
+
+
+@dataclass(frozen=True)
+class ImageBudget:
+    """Images in one episode's context (the prompt's included), see the module docstring: ``max_images`` (count),
+    ``max_pixels`` (model-input pixels summed), ``rule``: ``downscale`` new images to fit or ``end`` the episode."""
+
+    max_images: int | None = None
+    max_pixels: int | None = None
+    rule: Literal["downscale", "end"] = "downscale"
+
+    def fit(
+        self, policy: Policy, traj: Trajectory, sources: list[str]
+    ) -> tuple[list[Any], list[tuple[int, int]], list[tuple[int, int]]] | None:
+        """The observation's images prepared within the budget, or None when the episode must end."""
+        rid = traj.sample.id
+        if not sources:
+            return [], [], []
+        if self.max_images is not None and len(traj.images) + len(sources) > self.max_images:
+            return None
+        prepared = prepare_images(policy, sources, rid)
+        if self.max_pixels is None:
+            return prepared
+        used = sum(w * h for w, h in traj.model_image_sizes)
+        left = self.max_pixels - used
+        if sum(w * h for w, h in prepared[2]) <= left:
+            return prepared
+        if self.rule == "end" or left <= 0:
+            return None
+        try:
+            prepared = prepare_images(policy, sources, rid, max_pixels=left // len(sources))
+        except ValueError:  # below the geometry's smallest size (MediaError is a ValueError)
+            return None
+        return prepared if sum(w * h for w, h in prepared[2]) <= left else None
+
+
+def run_episodes(
+    policy: Policy,
+    engine: Any,
+    samples: list[Sample],
+    params: SamplingParams,
+    *,
+    pool: EnvPool | None = None,
+    env_name: str | None = None,
+    env_options: dict[str, Any] | None = None,
+    max_turns: int = 1,
+    max_total_tokens: int | None = None,
+    images: ImageBudget = ImageBudget(),  # noqa: B008  (frozen)
+    role: str = "user",
+    prompts: list[EncodedPrompt] | None = None,
+    teacher: str | None = None,
+) -> list[list[Trajectory]]:
+    """``params.n`` episodes of each sample, ``[B][G]``. Without ``env_name`` each is one turn (the collector's
+    single-turn rollout); with it, episodes of ``env_name`` (options ``env_options``) run in ``pool``, up to
+    ``max_turns`` completions and ``max_total_tokens`` tokens in all, observation images within ``images``, each
+    observation a ``role`` turn. ``prompts``: the samples already encoded (the collector's prompt cache).
+    ``teacher="oracle"``: the env's oracle writes every turn instead of ``engine`` (None allowed; module
+    docstring)."""
+    if env_name is not None and pool is None:
+        raise ValueError(f"env {env_name!r}: run_episodes needs an EnvPool (pool=...) to run its episodes in")
+    if max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+    if teacher not in (None, "oracle") or (teacher is not None and env_name is None):
+        raise ValueError(
+            f"teacher={teacher!r}: the only teacher is 'oracle', the env's own (Env.oracle), so it needs env_name"
+        )
+    if teacher is None and engine is None:
+        raise ValueError("run_episodes needs an engine to sample from (or teacher='oracle')")
+    prompts = prompts if prompts is not None else [policy.encode(s) for s in samples]
+    G = params.n
+    if env_name is None:  # one turn each, rewarded by the run's rewards; the G episodes share their prompt
+        trajs = [
+            [Trajectory.start(f"{s.id}#{g}", s, p, f"{s.id}#{g}") for g in range(G)]
+            for s, p in zip(samples, prompts)
+        ]
+    else:
+        trajs = _reset(policy, pool, samples, prompts, G, env_name, env_options or {})
+    marker = end_of_turn(policy, role)[0] if env_name is not None else -1
+    limits = _Limits(max_turns, max_total_tokens, params.max_new_tokens, images, role, marker)
+    live = [t for row in trajs for t in row if not t.end]
+    turn = 0
+    try:
+        while live:
+            turn += 1
+            if teacher is None:
+                for t, c in zip(live, _generate(engine, [t.context() for t in live], params)):
+                    t.add_completion(c)
+            else:
+                live = _teach(policy, pool, live, marker)
+                if not live:
+                    break
+            if pool is None or env_name is None:  # single-turn samples
+                for t in live:
+                    t.end = "single_turn"
+                break
+            results = pool.step({t.episode_id: t.response_prefix + t.completions[-1].text for t in live})
+            going = [t for t in live if _after_step(policy, t, results[t.episode_id], turn, limits)]
+            pool.close_episode(*[t.episode_id for t in live if t.end and t.end not in ("done", "error")])
+            live = going
+    finally:  # an engine failure leaves no episode open in the pool (ids no longer live are ignored)
+        if pool is not None and env_name is not None:
+            pool.close_episode(*[t.episode_id for t in live if not t.end])
+    return trajs
+
+
+@dataclass(frozen=True)
+class _Limits:
+    max_turns: int
+    max_total_tokens: int | None
+    max_new_tokens: int
+    images: ImageBudget
+    role: str
+    marker: int  # the assistant's end-of-turn token
+
+
+def _reset(
+    policy: Policy,
+    pool: EnvPool,
+    samples: list[Sample],
+    prompts: list[EncodedPrompt],
+    G: int,
+    env_name: str,
+    options: dict[str, Any],
+) -> list[list[Trajectory]]:
+    """Start every episode; the sample's env copy carries the image sizes and frame, as rewards see them."""
+    eids = [[f"{s.id}#{g}~{next(_IDS)}" for g in range(G)] for s in samples]
+    env_samples = [
+        replace(
+            s,
+            metadata={
+                **s.metadata,
+                "image_sizes": [list(x) for x in p.image_sizes],
+                "model_image_sizes": [list(x) for x in p.model_image_sizes],
+                "coordinate_frame": p.coordinate_frame,
+            },
+        )
+        for s, p in zip(samples, prompts)
+    ]
+    starts = pool.reset([(eid, env_name, options, es) for row, es in zip(eids, env_samples) for eid in row])
+    out: list[list[Trajectory]] = []
+    for b, (s, p) in enumerate(zip(samples, prompts)):
+        row = []
+        for g in range(G):
+            res = starts[b * G + g]
+            obs = res.observation
+            if res.done or obs is None:
+                t = Trajectory.start(eids[b][g], s, p, "")
+                t.end, t.error = "error", str(res.info.get("error", "the env ended the episode at reset"))
+            else:
+                first = p if not (obs.text or obs.images) else policy.encode(with_first_observation(s, obs))
+                t = Trajectory.start(eids[b][g], s, first, obs.state_key)
+            row.append(t)
+        out.append(row)
+    return out
+
+
+def with_first_observation(sample: Sample, obs: Observation) -> Sample:
+    """The sample with the env's first observation in its last user turn: text after the prompt's text, images
+    after the prompt's images (:mod:`mmrl.envs.base`)."""
+    messages = [dict(m) for m in sample.messages]
+    k = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+    if k is None:
+        messages.append({"role": "user", "content": []})
+        k = len(messages) - 1
+    content = messages[k]["content"]
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+    at = 1 + max((i for i, p in enumerate(parts) if p.get("type") == "image"), default=-1)
+    parts[at:at] = [{"type": "image"} for _ in obs.images]
+    if obs.text:
+        glue = "\n" if any(p.get("type") == "text" and p.get("text") for p in parts) else ""
+        parts.append({"type": "text", "text": glue + obs.text})
+    messages[k] = {**messages[k], "content": parts}
+    return replace(sample, messages=messages, images=[*sample.images, *obs.images])
+
+
+def _after_step(policy: Policy, t: Trajectory, res: StepResult, turn: int, limits: _Limits) -> bool:
+    """Record a step's outcome; append its observation and return True when the episode goes on."""
+    c = t.completions[-1]
+    t.reward_last_turn(res.reward)
+    obs = res.observation
+    t.steps.append(
+        StepInfo(t.response_prefix + c.text, float(res.reward), t.state_key, c.finish_reason,
+                 list(obs.images) if obs is not None else [], dict(res.info))
+    )  # fmt: skip
+    if res.done or obs is None:
+        error = res.info.get("error")
+        t.end, t.error = ("error", str(error)) if error else ("done", None)
+        return False
+    if turn >= limits.max_turns:
+        t.end = "max_turns"
+        return False
+    try:  # an image that cannot be read or encoded (MediaError is a ValueError) ends this episode only
+        prepared = limits.images.fit(policy, t, list(obs.images))
+        delta = None
+        if prepared is not None:
+            delta = observation_delta(
+                policy, obs.text, role=limits.role, record_id=t.sample.id, prepared=prepared
+            )
+    except ValueError as e:
+        t.end, t.error = "error", f"observation of turn {turn}: {e}"
+        return False
+    if delta is None:
+        t.end = "image_budget"
+        return False
+    appended = None if c.token_ids and c.token_ids[-1] == limits.marker else limits.marker
+    grow = (appended is not None) + len(delta.ids) + limits.max_new_tokens
+    if limits.max_total_tokens is not None and t.length + grow > limits.max_total_tokens:
+        t.end = "max_tokens"
+        return False
+    t.add_observation(delta, appended)
+    if delta.images:
+        t.set_media(all_media(policy, t.texts, t.images, t.prompt))
+    t.state_key = obs.state_key
+    return True
+
+
+def _generate(engine: Any, contexts: list[EncodedPrompt], params: SamplingParams) -> list[Completion]:
+    """One engine call for all contexts, one completion each. Contexts shared (the same object) by the same number
+    of episodes are sampled as that many completions of one prompt (the single-turn call; vision runs once)."""
+    counts = Counter(id(c) for c in contexts)
+    unique = list({id(c): c for c in contexts}.values())
+    if len(set(counts.values())) == 1:
+        n = next(iter(counts.values()))
+        groups = engine.generate(unique, replace(params, n=n))
+        pending = {id(c): list(g) for c, g in zip(unique, groups)}
+        return [pending[id(c)].pop(0) for c in contexts]
+    return [g[0] for g in engine.generate(contexts, replace(params, n=1))]
+
+
+def _teach(policy: Policy, pool: EnvPool, live: list[Trajectory], marker: int) -> list[Trajectory]:
+    """Teacher forcing (module docstring): each live episode's completion is its env's oracle text and the
+    end-of-turn ``marker``; an episode whose oracle has no action ends with an error. The episodes that go on."""
+    texts = pool.oracle([t.episode_id for t in live])
+    going, stopped = [], []
+    for t in live:
+        text = texts[t.episode_id]
+        if text is None:
+            t.end = "error"
+            t.error = (
+                f"episode {t.episode_id!r}: the env's oracle has no next action but the env did not say done (an "
+                "oracle that cannot finish the task from this state, or a worker restart that lost the episode)"
+            )
+            stopped.append(t.episode_id)
+            continue
+        if t.response_prefix and text.startswith(t.response_prefix):
+            text = text[len(t.response_prefix) :]
+        ids = policy.tokenizer(text, add_special_tokens=False).input_ids + [marker]
+        t.add_completion(Completion(ids, text, [0.0] * len(ids), "stop"))
+        going.append(t)
+    pool.close_episode(*stopped)
+    return going
+
+
+# ---------------------------------------------------------------------------------------------- training forward
+
+
+def trajectory_logprobs(
+    policy: Policy,
+    trajectories: list[Trajectory],
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The training forward over whole trajectories: one forward of each ``prompt + response`` with every image of
+    every turn, scoring the sampled tokens (mask 1). Returns ``logp [B, T]`` (0 on environment tokens and padding),
+    the entropy (or None) and ``mask [B, T]`` (1 on sampled tokens), T the longest response. Padded layout (left
+    padding, as :meth:`Policy.collate`); gradients flow through ``logp`` unless under ``torch.no_grad()``."""
+    suppressed = policy._suppressed_ids
+    for t in trajectories:
+        bad = suppressed.intersection(tok for tok, m in zip(t.response, t.mask) if m)
+        if bad:
+            raise ValueError(
+                f"episode {t.episode_id!r}: sampled tokens hold vision placeholder(s) {sorted(bad)}; rollout "
+                "engines must suppress Policy.suppressed_token_ids"
+            )
+    full = [t.context() for t in trajectories]
+    B, T = len(trajectories), max((len(t.response) for t in trajectories), default=0)
+    ids, attn, mm, L = policy.collate(full)
+    rows, cols, targets, flat = [], [], [], []
+    for i, t in enumerate(trajectories):
+        first = L - len(full[i].input_ids) + len(t.prompt.input_ids)  # column of response token 0
+        for j, (tok, m) in enumerate(zip(t.response, t.mask)):
+            if m:
+                rows.append(i)
+                cols.append(first + j - 1)  # the position that predicts it
+                targets.append(tok)
+                flat.append(i * T + j)
+    mask = torch.zeros(B * T, device=policy.device)
+    mask[flat] = 1.0
+    mask = mask.view(B, T)
+    if not flat:
+        return mask.clone(), (mask.clone() if with_entropy else None), mask
+
+    def score() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        with policy.autocast():
+            with policy.matched_tower_calls(mm):
+                last = policy._last_hidden(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
+            hidden = last[torch.tensor(rows, device=last.device), torch.tensor(cols, device=last.device)]
+            lp, ent = selective_logprobs(
+                policy.model.get_output_embeddings(),
+                hidden[None],
+                torch.tensor(targets, device=last.device)[None],
+                temperature=temperature,
+                suppress=policy.suppress_ids,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                chunk=policy.cfg.logits_chunk_tokens,
+                softcap=policy.logit_softcap,
+            )
+        keep = torch.tensor(flat, device=mask.device)
+        logp = mask.new_zeros(B * T).index_put((keep,), lp[0]).view(B, T)
+        entropy = None if ent is None else mask.new_zeros(B * T).index_put((keep,), ent[0]).view(B, T)
+        return logp, entropy, mask
+
+    return policy._scored(score)

@@ -1,0 +1,242 @@
+"""Pre-flight checks: everything in a config that can be verified without loading a model is verified first.
+
+A run that would die after minutes of model loading and data building because of a misspelt reward, an unknown
+engine or a sampler option is refused at once, with one line naming the field and the fix. Rewards are checked first
+and without importing torch, so ``mmrl train`` with a wrong reward name answers within a couple of seconds.
+Engine options are checked against what the engine accepts (vLLM: its ``EngineArgs`` fields, from the installed
+vLLM or, without it, from the pinned version's list), so a misspelt one is named with the nearest valid key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mmrl.config import Config, ConfigError
+from mmrl.run.trackers import check_trackers
+
+
+def check_rewards(cfg: Config) -> None:
+    from mmrl.rewards.base import load_reward, validate_options
+
+    if not cfg.rewards and not cfg.rollout.env:
+        raise ConfigError(
+            "no rewards configured: list at least one under `rewards:` (see `mmrl list`), or run episodes in an "
+            "env (`rollout.env`), whose step rewards are the episode's"
+        )
+    heavy = []
+    for i, entry in enumerate(cfg.rewards):
+        where = f"rewards[{i}] ({entry.name!r})"
+        try:
+            spec = load_reward(entry.name)
+            validate_options(spec, entry.options)
+        except (KeyError, ValueError, TypeError, FileNotFoundError, ImportError) as e:
+            raise ConfigError(f"{where}: {e.args[0] if e.args else e}") from None
+        if spec.heavy:
+            heavy.append(where)
+    if (
+        heavy
+    ):  # rendering rewards need the sandbox's confinement (or the explicit opt-in): refuse now, not per item
+        from mmrl.rewards.sandbox import SandboxUnavailableError, confinement
+
+        try:
+            confinement()
+        except SandboxUnavailableError as e:
+            raise ConfigError(f"{heavy[0]}: {e}") from None
+
+
+def check_components(cfg: Config) -> None:
+    """Registered names and their options: engine, sampler, advantage estimator, loss, aggregation, KL, corrections."""
+    from mmrl.algos import (
+        ADVANTAGES,
+        AGGREGATIONS,
+        KL_ESTIMATORS,
+        LOSSES,
+        REWARD_CORRECTIONS,
+        ROLLOUT_CORRECTIONS,
+        check_reward_correction,
+        check_rollout_correction,
+    )
+    from mmrl.registry import validate_kwargs
+    from mmrl.rollout import ENGINES
+    from mmrl.samplers import SAMPLERS
+    from mmrl.train.update import loss_options
+
+    a = cfg.algo
+
+    def lookup(registry, name: str, field: str):
+        try:
+            return registry.get(name)
+        except KeyError as e:
+            raise ConfigError(f"{field}: {e.args[0]}") from None
+
+    engine = lookup(ENGINES, cfg.rollout.engine, "rollout.engine")
+    where = f"rollout.engine_options ({cfg.rollout.engine})"
+    try:  # an engine that hands its options on (vllm: to vllm.LLM) checks them itself; the others by signature
+        if hasattr(engine, "check_options"):
+            engine.check_options(cfg.rollout.engine_options)
+        else:
+            validate_kwargs(engine, cfg.rollout.engine_options, where, skip=("policy", "batch_size"))
+    except ValueError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+    if hasattr(engine, "check"):  # an engine whose package may be missing (vllm) says so before a model loads
+        try:
+            engine.check()
+        except ImportError as e:
+            raise ConfigError(f"rollout.engine {cfg.rollout.engine!r}: {e}") from None
+    sampler = lookup(SAMPLERS, cfg.sampler.name, "sampler.name")
+    est = lookup(ADVANTAGES, a.advantage, "algo.advantage")
+    loss = lookup(LOSSES, a.loss, "algo.loss")
+    lookup(AGGREGATIONS, a.loss_agg, "algo.loss_agg")
+    lookup(KL_ESTIMATORS, a.kl_estimator, "algo.kl_estimator")
+    lookup(REWARD_CORRECTIONS, a.reward_correction, "algo.reward_correction")
+    lookup(ROLLOUT_CORRECTIONS, a.rollout_correction, "algo.rollout_correction")
+    try:
+        validate_kwargs(
+            sampler, cfg.sampler.options, f"sampler.options ({cfg.sampler.name})", skip=("num_records",)
+        )
+        validate_kwargs(
+            est, a.advantage_options, f"algo.advantage_options ({a.advantage})", skip=("num_records",)
+        )
+        validate_kwargs(loss, loss_options(cfg), f"algo.loss_options ({a.loss})", skip=("logp", "old_logp"))
+        est(1, eps=a.adv_eps, **a.advantage_options)  # the estimator's own range checks
+        if a.reward_correction != "none":
+            check_reward_correction(a.reward_correction, a.advantage)
+            REWARD_CORRECTIONS.get(a.reward_correction)(_one_reward(), fp_rate=a.fp_rate, fn_rate=a.fn_rate)
+        check_rollout_correction(a.rollout_correction, a.old_logprobs, a.rollout_correction_cap)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.rollout.n < est.min_group_size:
+        raise ConfigError(
+            f"algo.advantage {a.advantage!r} needs at least {est.min_group_size} responses per prompt: set "
+            f"rollout.n >= {est.min_group_size} (got {cfg.rollout.n}), or use a single-rollout estimator "
+            "(reinforce_pp, spo, mssr)"
+        )
+    if a.dynamic_sampling and cfg.rollout.n < 2:
+        raise ConfigError(
+            "algo.dynamic_sampling drops groups whose rewards are all equal: it needs rollout.n >= 2"
+        )
+
+
+def _one_reward():
+    import torch
+
+    return torch.zeros(1, 2)
+
+
+def check_numbers(cfg: Config) -> None:
+    positive = {
+        "rollout.n": cfg.rollout.n,
+        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "rollout.batch_size": cfg.rollout.batch_size,
+        "train.prompts_per_step": cfg.train.prompts_per_step,
+        "optim.micro_batch_size": cfg.optim.micro_batch_size,
+        "algo.epochs": cfg.algo.epochs,
+        "algo.mini_batches": cfg.algo.mini_batches,
+        "model.logits_chunk_tokens": cfg.model.logits_chunk_tokens,
+        "train.prompt_cache_mb": cfg.train.prompt_cache_mb,
+    }
+    for name, v in positive.items():
+        if v < 1:
+            raise ConfigError(f"{name} must be at least 1, got {v}")
+    if cfg.rollout.temperature < 0 or not 0 < cfg.rollout.top_p <= 1 or cfg.rollout.top_k < 0:
+        raise ConfigError("rollout: temperature must be >= 0, top_p in (0, 1], top_k >= 0")
+    if cfg.optim.lr <= 0:
+        raise ConfigError(f"optim.lr must be positive, got {cfg.optim.lr}")
+    if cfg.train.dist_timeout_s <= 0:
+        raise ConfigError(f"train.dist_timeout_s must be positive, got {cfg.train.dist_timeout_s}")
+
+
+def check_data(cfg: Config) -> None:
+    if not cfg.data.train:
+        raise ConfigError("data.train is empty: give the training records' path")
+    if not Path(cfg.data.train).exists() and not cfg.data.builder:
+        raise ConfigError(f"data.train not found: {cfg.data.train} (build it first, or set data.builder)")
+    if cfg.data.eval and not Path(cfg.data.eval).exists() and not cfg.data.builder:
+        raise ConfigError(f"data.eval not found: {cfg.data.eval} (build it first, or set data.builder)")
+    e = cfg.eval
+    if e.benchmark:
+        from mmrl.eval import EvalError, get_benchmark
+
+        try:
+            get_benchmark(e.benchmark, e.benchmark_options, cfg.model)  # the name and its options
+        except EvalError as err:
+            raise ConfigError(f"eval.benchmark: {err}") from None
+        if not e.benchmark_data or not Path(e.benchmark_data).exists():
+            raise ConfigError(
+                f"eval.benchmark_data not found: {e.benchmark_data!r} (the {e.benchmark} files on disk)"
+            )
+
+
+def check_env(cfg: Config) -> None:
+    """``rollout.env`` and its options (names and kinds against the env's signature, then its own value checks),
+    and the episode limits."""
+    r = cfg.rollout
+    if r.max_turns < 1:
+        raise ConfigError(f"rollout.max_turns must be at least 1, got {r.max_turns}")
+    if not r.env:
+        if r.max_turns > 1 or r.env_options:
+            raise ConfigError(
+                "rollout.max_turns > 1 or rollout.env_options without rollout.env: name the env the episodes run in"
+            )
+        return
+    from mmrl.envs import validate_env_options
+
+    try:
+        validate_env_options(r.env, r.env_options)
+    except (KeyError, ValueError, TypeError, ImportError) as e:
+        raise ConfigError(f"rollout.env {r.env!r}: {e.args[0] if e.args else e}") from None
+    if r.image_rule not in ("downscale", "end"):
+        raise ConfigError(f"rollout.image_rule must be 'downscale' or 'end', got {r.image_rule!r}")
+    from mmrl.envs import get_env
+
+    if (
+        get_env(r.env).points_on_latest_image
+        and r.image_rule == "downscale"
+        and r.max_context_pixels is not None
+    ):
+        raise ConfigError(
+            f"rollout.image_rule: env {r.env!r} maps the model's points on each new screen with the first screen's "
+            "model size, so a downscaled later screen would be clicked in the wrong place; use image_rule: end "
+            "(the episode ends when the next screen does not fit max_context_pixels)"
+        )
+    if r.observation_role not in ("user", "tool"):
+        raise ConfigError(f"rollout.observation_role must be 'user' or 'tool', got {r.observation_role!r}")
+    if r.env_workers < 0 or not r.env_timeout_s > 0:
+        raise ConfigError(
+            f"rollout.env_workers must be >= 0 and rollout.env_timeout_s > 0; got {r.env_workers}, {r.env_timeout_s}"
+        )
+    if r.max_total_tokens is not None and r.max_total_tokens <= r.max_new_tokens:
+        raise ConfigError(
+            f"rollout.max_total_tokens ({r.max_total_tokens}) leaves no room for a prompt and one turn of "
+            f"rollout.max_new_tokens ({r.max_new_tokens}); raise it or leave it unset"
+        )
+
+
+def check_model(cfg: Config) -> None:
+    """A local model folder must exist; a hub id is only usable when the hub is reachable (not offline)."""
+    import os
+
+    from mmrl.model.policy import resolve_model_path
+
+    path = cfg.model.path
+    if Path(resolve_model_path(path)).is_dir():
+        return
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
+    looks_local = Path(path).is_absolute() or path.startswith((".", "~")) or path.count("/") != 1
+    if offline or looks_local:
+        raise ConfigError(
+            f"model.path not found: {path} (a local folder in HF format"
+            + (", or a hub id once HF_HUB_OFFLINE is unset)" if offline else ")")
+        )
+
+
+def check_config(cfg: Config) -> None:
+    """All pre-flight checks, cheapest first; raises :class:`ConfigError` with one line."""
+    check_rewards(cfg)
+    check_numbers(cfg)
+    check_data(cfg)
+    check_model(cfg)
+    check_env(cfg)
+    check_components(cfg)
+    check_trackers(cfg.train)

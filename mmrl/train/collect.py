@@ -1,0 +1,447 @@
+"""Batch building: sample -> encode -> rollout -> reward, and DAPO's dynamic sampling around those stages.
+
+Without dynamic sampling one round fills the batch. With ``algo.dynamic_sampling`` (DAPO, ALGORITHMS.md §1) a round's
+groups whose rewards are all equal carry no group-relative signal and are dropped; rounds repeat (the sampler picks
+fresh prompts each time) until ``train.prompts_per_step`` informative groups are kept, for at most
+``algo.max_sampling_tries`` rounds, after which the step fails with the informative fraction seen, so a run whose
+prompts are all too easy or too hard stops with a reason instead of spinning. Surplus informative groups of the last
+round are left out. The sampler hears about every group that was generated (VADE learns from dropped groups too).
+
+With several processes (:mod:`mmrl.distributed`) each rank generates and rewards its share of a round's groups, and
+the outcomes (completions, rewards, reward results) are gathered: every rank then holds the whole batch and decides
+the same, while ``prompts`` are encoded only for the rank's own share (``None`` elsewhere).
+
+Multi-turn episodes (``rollout.env``, issue 20): the rollout stage runs :func:`mmrl.rollout.episodes.run_episodes` in an
+:class:`~mmrl.envs.EnvPool` (``rollout.env_workers`` processes, folders under ``DIR/episodes``) instead of one
+``engine.generate``; each group is then G :class:`~mmrl.rollout.episodes.Trajectory` objects (``Collected.trajectories``,
+gathered like the completions), and ``groups`` holds one :class:`Completion` per trajectory (its whole response,
+environment tokens included, with the rollout log-probs: 0 on environment tokens). A trajectory's reward is its
+return R(tau) (the sum of its turn rewards), plus the composite of ``rewards:`` on its LAST turn's text when the
+recipe lists any (a format reward on the final answer, say); the parts log ``env_return``. Episode statistics
+(``episode/*``: success share, turns, per-step correctness from the env's ``info["target_hit"]``, how episodes ended,
+env failures) are in ``Collected.stats``. Episode folders hold the observation images; the ones not logged to
+rollouts.jsonl are removed after the step (:meth:`Collector.retire_episodes`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmrl.config import Config
+from mmrl.distributed import Dist
+from mmrl.model.policy import EncodedPrompt, Policy
+from mmrl.rollout.prompt_cache import PromptCache
+from mmrl.rewards.compose import ComposedResult, CompositeReward
+from mmrl.rollout import SamplingParams
+from mmrl.rollout.base import Completion
+from mmrl.types import RewardInput, Sample
+
+ROLLOUTS_LOGGED = 2  # groups per step written to rollouts.jsonl (and kept rendered with train.keep_renders)
+
+
+class SamplingExhausted(RuntimeError):
+    """Dynamic sampling found too few informative groups within its tries."""
+
+
+def reward_inputs(
+    sample: Sample,
+    prompt: EncodedPrompt,
+    texts: list[str],
+    lengths: list[int],
+    render_dir: Path | None = None,
+) -> list[RewardInput]:
+    """What the rewards see for one group; with ``render_dir``, response j's renders go to ``render_dir-j``."""
+    meta = {
+        **sample.metadata,
+        "image_sizes": prompt.image_sizes,
+        "model_image_sizes": prompt.model_image_sizes,
+        "coordinate_frame": prompt.coordinate_frame,
+    }
+    return [
+        RewardInput(
+            sample.id,
+            prompt.response_prefix + t,
+            sample.answer,
+            sample.prompt_text,
+            list(sample.images),
+            {**meta, "response_tokens": n} | ({"render_dir": f"{render_dir}-{j}"} if render_dir else {}),
+        )
+        for j, (t, n) in enumerate(zip(texts, lengths))
+    ]
+
+
+@dataclass
+class Collected:
+    indices: list[int]  # [B] dataset indices
+    samples: list[Sample]
+    prompts: list[EncodedPrompt | None]  # this rank's share encoded, None elsewhere
+    groups: list[list[Completion]]  # [B][G]
+    rewards: torch.Tensor | None  # [B, G]; None until resolve() while rewards are still being computed
+    results: list[Any]  # [B*G] reward results (parts, errors)
+    stats: dict[str, float] = field(default_factory=dict)
+    pending: Callable[[], tuple[torch.Tensor, list[Any]]] | None = None
+    trajectories: list[list[Any]] | None = None  # [B][G] mmrl.rollout.episodes.Trajectory under rollout.env
+
+    def resolve(self) -> Collected:
+        """Wait for rewards still being computed (``train.overlap_rewards``); a no-op once they are in. Call it on
+        every rank: the ranks' rewards are gathered here."""
+        if self.pending is not None:
+            self.rewards, self.results = self.pending()
+            self.pending = None
+        return self
+
+
+class Collector:
+    def __init__(
+        self,
+        cfg: Config,
+        data: list[Sample],
+        policy: Policy,
+        engine: Any,
+        sampler: Any,
+        reward: CompositeReward | None,
+        stage: Callable[[str], AbstractContextManager],
+        dist: Dist,
+        render_root: Path | None = None,
+        episode_root: Path | None = None,
+    ):
+        self.cfg, self.data, self.policy, self.engine = cfg, data, policy, engine
+        self.sampler, self.reward, self.stage, self.dist = sampler, reward, stage, dist
+        self.cache = PromptCache(cfg.train.prompt_cache_mb * 2**20)
+        self.render_root = render_root  # DIR/renders, for train.keep_renders
+        self.step = 0  # the step being collected
+        self.errors: list[dict[str, Any]] = []  # reward failures of the current step
+        self.reward_seconds = (
+            0.0  # time spent scoring this step (in the background thread), for time/reward_compute
+        )
+        self._thread: ThreadPoolExecutor | None = None
+        self.episode_root = episode_root  # DIR/episodes: the env pool's folders (rollout.env)
+        self._pool: Any = None
+        self._episode_dirs: list[Path] = []  # this rank's episode folders of the last round(s)
+
+    @property
+    def multi_turn(self) -> bool:
+        return bool(self.cfg.rollout.env)
+
+    def pool(self) -> Any:
+        """The env pool (started on first use): ``rollout.env_workers`` processes, folders under DIR/episodes."""
+        if self._pool is None:
+            import tempfile
+
+            from mmrl.envs import EnvPool
+
+            r = self.cfg.rollout
+            root = self.episode_root or Path(tempfile.mkdtemp(prefix="mmrl-episodes-"))
+            if self.dist.active:
+                root = root / f"rank-{self.dist.rank}"
+            self._pool = EnvPool(root, workers=r.env_workers, timeout_s=r.env_timeout_s)
+        return self._pool
+
+    def image_budget(self) -> Any:
+        from mmrl.rollout.episodes import ImageBudget
+
+        r = self.cfg.rollout
+        return ImageBudget(r.max_images, r.max_context_pixels, r.image_rule)  # type: ignore[arg-type]
+
+    def run_episodes(
+        self, samples: list[Sample], prompts: list[EncodedPrompt], params: SamplingParams
+    ) -> list:
+        """``params.n`` episodes of each sample in the run's env (``[B][G]`` trajectories)."""
+        from mmrl.rollout.episodes import run_episodes
+
+        r = self.cfg.rollout
+        pool = self.pool()
+        trajs = run_episodes(
+            self.policy,
+            self.engine,
+            samples,
+            params,
+            pool=pool,
+            env_name=r.env,
+            env_options=dict(r.env_options),
+            max_turns=r.max_turns,
+            max_total_tokens=r.max_total_tokens,
+            images=self.image_budget(),
+            role=r.observation_role,
+            prompts=prompts,
+        )
+        self._episode_dirs += [episode_dir(pool, t.episode_id) for row in trajs for t in row]
+        return trajs
+
+    def retire_episodes(self, keep: set[str]) -> None:
+        """Remove this rank's episode folders of the last step but those of the episodes in ``keep`` (logged to
+        rollouts.jsonl, whose turns name their images). Call it on every rank after the step is logged."""
+        keep_dirs = {episode_dir(self._pool, e) for e in keep} if self._pool is not None else set()
+        for d in self._episode_dirs:
+            if d not in keep_dirs:
+                shutil.rmtree(d, ignore_errors=True)
+        self._episode_dirs = []
+
+    def generation_weights(self):
+        """Around generation: under FSDP the policy's full weights, gathered once on every rank (no per-token
+        collectives) for an engine that generates with them (HF); an engine that keeps its own copy (vLLM,
+        ``owns_weights``) needs no gather. Call it on every rank."""
+        return nullcontext() if getattr(self.engine, "owns_weights", False) else self.policy.full_weights()
+
+    def encode(self, sample: Sample) -> EncodedPrompt:
+        return self.cache.get(sample, self.policy.encode)
+
+    def sampling_params(self, eval_mode: bool = False) -> SamplingParams:
+        r, e = self.cfg.rollout, self.cfg.eval
+        if eval_mode:
+            max_new = e.max_new_tokens or r.max_new_tokens
+            return SamplingParams(1, e.temperature, r.top_p, r.top_k, max_new)
+        return SamplingParams(r.n, r.temperature, r.top_p, r.top_k, r.max_new_tokens)
+
+    def score(
+        self,
+        samples: list[Sample],
+        prompts: list[EncodedPrompt],
+        groups,
+        render_dirs: list[Path | None] | None = None,
+    ) -> tuple[torch.Tensor, list]:
+        dirs = render_dirs or [None] * len(samples)
+        inputs = [
+            ri
+            for s, p, g, d in zip(samples, prompts, groups, dirs)
+            for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g], d)
+        ]
+        results = self.reward(inputs) if self.reward is not None else [ComposedResult(0.0) for _ in inputs]
+        return torch.tensor([r.score for r in results], dtype=torch.float32).view(len(samples), -1), results
+
+    def score_episodes(
+        self, samples: list[Sample], trajs: list[list[Any]], render_dirs: list[Path | None] | None = None
+    ) -> tuple[torch.Tensor, list]:
+        """Each trajectory's return, plus the composite of ``rewards:`` on its last turn's text (module docstring)."""
+        G = len(trajs[0]) if trajs else 0
+        returns = torch.tensor([[t.episode_return for t in row] for row in trajs], dtype=torch.float32)
+        if self.reward is None:
+            results = [
+                ComposedResult(float(t.episode_return), {"env_return": t.episode_return})
+                for row in trajs
+                for t in row
+            ]
+            return returns.view(len(samples), G), results
+        last = [[_last_turn(t) for t in row] for row in trajs]
+        scores, composed = self.score(samples, [row[0].prompt for row in trajs], last, render_dirs)
+        results = [
+            ComposedResult(
+                float(t.episode_return) + r.score, {**r.parts, "env_return": t.episode_return}, r.errors
+            )
+            for t, r in zip([t for row in trajs for t in row], composed)
+        ]
+        return returns.view(len(samples), G) + scores, results
+
+    def render_dir(self, b: int, sample: Sample) -> Path | None:
+        """Where group b's renders go (``DIR/renders/step-N/<id>``, plus ``-j`` per response), when
+        ``train.keep_renders``: the first groups of each round, which are the ones rollouts.jsonl logs (under dynamic
+        sampling the logged groups may come from later rounds; keyed by id, a render never lands on another row)."""
+        if not self.cfg.train.keep_renders or self.render_root is None or b >= ROLLOUTS_LOGGED:
+            return None
+        from mmrl.rewards.latex_table import render_stem
+
+        return self.render_root / f"step-{self.step}" / render_stem(sample.id)
+
+    def one_round(self, k: int, overlap: bool = False) -> Collected:
+        """One round of ``k`` groups. The rewards of each chunk of groups start (in a background thread, heavy ones
+        in the reward pool) as soon as the chunk is generated, overlapping the next chunk's generation; with
+        ``overlap`` they may still be running when this returns (the trainer's old/reference log-prob passes overlap
+        them; :meth:`Collected.resolve` waits), else they are waited for here."""
+        mine = self.dist.share(k)
+        with self.stage("sample"):
+            idx = self.sampler.select(k)  # global: every rank picks the same
+            samples = [self.data[i] for i in idx]
+        with self.stage("encode"):
+            prompts: list[EncodedPrompt | None] = [
+                self.encode(s) if b in mine else None for b, s in enumerate(samples)
+            ]
+        local = [prompts[b] for b in mine]
+        # chunks: the HF engine generates batch_size prompts at a time anyway; an engine that schedules the whole
+        # batch itself (vLLM) gets it at once
+        # episodes batch every live episode of the round at each turn: one chunk
+        whole = getattr(self.engine, "owns_weights", False) or not self.cfg.train.overlap_rewards
+        whole = whole or self.multi_turn
+        chunk = len(local) if whole else max(1, int(getattr(self.engine, "batch_size", len(local) or 1)))
+        groups_local: list[list[Completion]] = []
+        trajs_local: list[list[Any]] = []
+        futures: list[Future] = []
+        with self.stage("rollout"):
+            with self.generation_weights():
+                for s in range(0, len(local), max(1, chunk)):
+                    bs = list(mine)[s : s + chunk]
+                    dirs = [self.render_dir(b, samples[b]) for b in bs]
+                    if self.multi_turn:
+                        trajs = self.run_episodes(
+                            [samples[b] for b in bs], local[s : s + chunk], self.sampling_params()
+                        )
+                        trajs_local += trajs
+                        part = [[_whole_response(t) for t in row] for row in trajs]
+                        job = (self._timed, self.score_episodes, [samples[b] for b in bs], trajs, dirs)
+                    else:
+                        part = self.engine.generate(local[s : s + chunk], self.sampling_params())
+                        job = (
+                            self._timed,
+                            self.score,
+                            [samples[b] for b in bs],
+                            local[s : s + chunk],
+                            part,
+                            dirs,
+                        )
+                    groups_local += part
+                    futures.append(self._reward_thread().submit(*job))
+
+        def finish() -> tuple[torch.Tensor, list[Any]]:
+            with self.stage("reward"):  # the wait: rewards computed meanwhile do not count here
+                done = [f.result() for f in futures]
+                G = self.cfg.rollout.n
+                rewards_local = torch.cat([d[0] for d in done]) if done else torch.zeros(0, G)
+                results_local = [r for d in done for r in d[1]]
+                parts = self.dist.gather((rewards_local, results_local))
+            rewards = torch.cat([part[0] for part in parts])  # [k, G]
+            results = [r for part in parts for r in part[1]]
+            self.errors += [e for r in results for e in r.errors]
+            self.sampler.update(idx, rewards)
+            return rewards, results
+
+        if self.multi_turn:  # trajectories (and through them the completions) from every rank
+            trajs_all = [row for part in self.dist.gather(trajs_local) for row in part]
+            groups = [[_whole_response(t) for t in row] for row in trajs_all]
+            got = Collected(idx, samples, prompts, groups, None, [], pending=finish, trajectories=trajs_all)
+            got.stats = episode_stats(trajs_all)
+        else:
+            groups = [g for part in self.dist.gather(groups_local) for g in part]
+            got = Collected(idx, samples, prompts, groups, None, [], pending=finish)
+        return got if overlap else got.resolve()
+
+    def _timed(
+        self, score: Callable[..., tuple[torch.Tensor, list]], *args: Any
+    ) -> tuple[torch.Tensor, list]:
+        """``score(*args)``, its time added to ``reward_seconds``."""
+        t0 = time.perf_counter()
+        try:
+            return score(*args)
+        finally:
+            self.reward_seconds += time.perf_counter() - t0
+
+    def _reward_thread(self) -> ThreadPoolExecutor:
+        """One background thread: rewards are scored in order, one chunk at a time (the composite reward and its
+        pool are not shared between threads)."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmrl-reward")
+        return self._thread
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def collect(self, step: int) -> Collected:
+        """Step ``step``'s batch of ``train.prompts_per_step`` groups (only informative ones under dynamic sampling)."""
+        k, a = self.cfg.train.prompts_per_step, self.cfg.algo
+        self.errors, self.step, self.reward_seconds = [], step, 0.0
+        if not a.dynamic_sampling:  # rewards may still be running: the trainer resolves them
+            got = self.one_round(k, overlap=self.cfg.train.overlap_rewards)
+            got.stats |= {"rollout/groups_generated": float(k), "rollout/sampling_rounds": 1.0}
+            return got
+        kept: list[Collected] = []
+        generated = informative = 0
+        for rounds in range(1, a.max_sampling_tries + 1):
+            got = self.one_round(k)
+            keep = [b for b in range(k) if bool(got.rewards[b].std() > 0)] if got.rewards.shape[1] > 1 else []
+            generated, informative = generated + k, informative + len(keep)
+            kept.append(_select(got, keep))
+            if informative >= k:
+                out = _select(_concat(kept), list(range(k)))
+                out.stats = (episode_stats(out.trajectories) if out.trajectories is not None else {}) | {
+                    "rollout/groups_generated": float(generated),
+                    "rollout/sampling_rounds": float(rounds),
+                }
+                return out
+        raise SamplingExhausted(
+            f"dynamic sampling kept {informative} informative groups (rewards not all equal) of {generated} generated "
+            f"in {a.max_sampling_tries} rounds, {informative / generated:.1%}, but a batch needs {k}: the prompts are "
+            "too easy or too hard for the policy, or rollout.n is 1; raise algo.max_sampling_tries, change the data, "
+            "or turn algo.dynamic_sampling off"
+        )
+
+
+def _select(c: Collected, keep: list[int]) -> Collected:
+    G = c.rewards.shape[1]
+    return Collected(
+        [c.indices[b] for b in keep],
+        [c.samples[b] for b in keep],
+        [c.prompts[b] for b in keep],
+        [c.groups[b] for b in keep],
+        c.rewards[keep],
+        [r for b in keep for r in c.results[b * G : (b + 1) * G]],
+        trajectories=None if c.trajectories is None else [c.trajectories[b] for b in keep],
+    )
+
+
+def _concat(parts: list[Collected]) -> Collected:
+    trajs = None if any(p.trajectories is None for p in parts) else [t for p in parts for t in p.trajectories]
+    return Collected(
+        [i for p in parts for i in p.indices],
+        [s for p in parts for s in p.samples],
+        [x for p in parts for x in p.prompts],
+        [g for p in parts for g in p.groups],
+        torch.cat([p.rewards for p in parts]),
+        [r for p in parts for r in p.results],
+        trajectories=trajs,
+    )
+
+
+def _whole_response(t: Any) -> Completion:
+    """A trajectory's whole response (environment tokens included) as one completion: ``text`` is its last turn's
+    and ``finish_reason`` its last completion's."""
+    last = t.completions[-1] if t.completions else None
+    return Completion(
+        list(t.response), last.text if last else "", list(t.logprobs), last.finish_reason if last else "stop"
+    )
+
+
+def _last_turn(t: Any) -> Completion:
+    """The last completion of a trajectory (an empty one when the env failed at reset)."""
+    return t.completions[-1] if t.completions else Completion([], "", [], "stop")
+
+
+def episode_dir(pool: Any, episode_id: str) -> Path:
+    from mmrl.envs.pool import _folder_name
+
+    return pool.root / _folder_name(episode_id)
+
+
+def episode_stats(trajs: list[list[Any]]) -> dict[str, float]:
+    """``episode/*`` of a batch of trajectories: ``success`` (:attr:`mmrl.rollout.episodes.Trajectory.success`: the env's
+    verdict on the last step, else a positive return), ``return_mean``, ``turns_mean``, ``step_accuracy`` (share of steps whose env info says
+    ``target_hit``, over the steps that report it), ``invalid_frac`` (steps the env found malformed), ``end/<why>``
+    (share of episodes ending so) and ``errors`` (episodes ended by an env failure)."""
+    flat = [t for row in trajs for t in row]
+    if not flat:
+        return {}
+    steps = [s for t in flat for s in t.steps]
+    hits = [bool(s.info["target_hit"]) for s in steps if s.info.get("target_hit") is not None]
+    out = {
+        "episode/success": sum(t.success for t in flat) / len(flat),
+        "episode/return_mean": sum(t.episode_return for t in flat) / len(flat),
+        "episode/turns_mean": sum(len(t.turns) for t in flat) / len(flat),
+        "episode/invalid_frac": sum(bool(s.info.get("invalid")) for s in steps) / max(1, len(steps)),
+        "episode/errors": float(sum(t.end == "error" for t in flat)),
+    }
+    if hits:
+        out["episode/step_accuracy"] = sum(hits) / len(hits)
+    for end in sorted({t.end for t in flat}):
+        out[f"episode/end/{end}"] = sum(t.end == end for t in flat) / len(flat)
+    return out

@@ -1,0 +1,484 @@
+"""The trainer (GRPO family, DAPO, GSPO, single-rollout SPO/MSSR; ALGORITHMS.md §1-§2).
+
+``fit()`` reads as named, timed stages: collect (sample -> encode -> rollout -> reward, repeated under DAPO's dynamic
+sampling, :mod:`mmrl.train.collect`) -> old / ref log-probs -> advantages -> update (:mod:`mmrl.train.update`) -> sync the
+engine's weights -> log / eval / save. Every method is a registered name: the advantage estimator (a small object
+that may keep state, saved in checkpoints), the loss, the aggregation, the KL estimator, the reward correction, the
+sampler and the engine; nothing here tests which one it is. Old log-probs come from the rollout engine
+(``algo.old_logprobs: rollout``; the HF engine's equal the training forward's to 1e-5) or a fresh forward
+(``recompute``); estimators that need pi_old's full-vocabulary entropy get it from that forward. When recomputed,
+the engine's log-probs give the step's mismatch (``rollout/logprob_diff_*``) and the ``algo.rollout_correction``
+weights of the token losses (:mod:`mmrl.algos.rollout_correction`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmrl.model import fsdp
+from mmrl.run import checkpoint, rundir, trackers
+from mmrl.train import step_stats
+from mmrl.algos import (
+    ADVANTAGES,
+    KL_ESTIMATORS,
+    REWARD_CORRECTIONS,
+    AdvantageInput,
+    kl_penalised_rewards,
+    rollout_correction,
+)
+from mmrl.run.checkpoint import load_training_state, rng_state
+from mmrl.train.checks import check_config
+from mmrl.train.collect import ROLLOUTS_LOGGED, Collected, Collector
+from mmrl.config import Config, to_dict
+from mmrl.data import ensure_built, load_split
+from mmrl.distributed import Dist
+from mmrl.run.metrics import MetricsLogger
+from mmrl.model.policy import Policy
+from mmrl.rewards.compose import CompositeReward, RewardConfig
+from mmrl.rollout import ENGINES
+from mmrl.run.rollout_log import append_rollouts, rollout_rows
+from mmrl.samplers import SAMPLERS
+from mmrl.train.update import PolicyUpdate, RolloutBatch, micro_batches
+from mmrl.train.validation import Validator
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_scheduler(opt: torch.optim.Optimizer, cfg: Config) -> torch.optim.lr_scheduler.LambdaLR:
+    warm, kind = cfg.optim.warmup_steps, cfg.optim.scheduler
+    total = max(1, cfg.optim.schedule_steps or cfg.train.max_steps)
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        frac = (step - warm) / max(1, total - warm)
+        if kind == "linear":
+            return max(0.0, 1.0 - frac)
+        if kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False):
+        self.cfg, self.out = cfg, Path(output_dir)
+        check_config(cfg)  # before anything heavy is built
+        self.dist = dist = Dist(cfg.train.dist_timeout_s)
+        if dist.active and cfg.model.device == "auto":
+            cfg.model.device = str(dist.device)
+        ckpt = self._prepare_run_dir(resume, overwrite)
+        seed_everything(cfg.train.seed + 1000 * dist.rank)  # generation differs per process; choices do not
+        if dist.is_main:
+            ensure_built(cfg.data.train, cfg.data.builder)
+        dist.barrier()
+        skipped = self.out / "skipped.jsonl" if dist.is_main else None
+        self.train_data = load_split(cfg.data, cfg.data.train, skipped)
+        eval_data = load_split(cfg.data, cfg.data.eval, skipped) if cfg.data.eval else []
+        a = cfg.algo
+        self.policy = Policy.from_pretrained(cfg.model, path=str(ckpt / "model") if ckpt else None)
+        if self.policy.peft is not None:  # fresh adapters come from each rank's own stream: take rank 0's
+            dist.broadcast([p for p in self.policy.model.parameters() if p.requires_grad])
+        if fsdp.wanted(cfg.train.fsdp, dist.active):
+            cfg.train.fsdp = True
+            self.policy.shard(dist)  # before the optimizer: it holds the sharded parameters
+        elif dist.active:
+            self.policy.replicate(dist)  # DDP sums the gradients
+        # the reference: a frozen copy, or with LoRA the policy itself with adapters disabled (Policy.reference)
+        separate_ref = a.kl_coef > 0 and cfg.model.lora.r == 0
+        self.ref = Policy.from_pretrained(cfg.model, trainable=False) if separate_ref else None
+        self.engine = ENGINES.get(cfg.rollout.engine)(
+            self.policy, batch_size=cfg.rollout.batch_size, **cfg.rollout.engine_options
+        )
+        self.sampler = SAMPLERS.get(cfg.sampler.name)(
+            len(self.train_data), seed=cfg.train.seed, **cfg.sampler.options
+        )
+        self.reward = (  # none: an env's episode returns are the rewards (rollout.env)
+            CompositeReward(
+                [RewardConfig(r.name, r.weight, dict(r.options)) for r in cfg.rewards],
+                num_workers=cfg.train.reward_workers,
+                timeout_s=cfg.train.reward_timeout_s,
+            )
+            if cfg.rewards
+            else None
+        )
+        self.estimator = ADVANTAGES.get(a.advantage)(
+            len(self.train_data), eps=a.adv_eps, **a.advantage_options
+        )
+        self.correction = REWARD_CORRECTIONS.get(a.reward_correction)
+        params = [p for p in self.policy.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(
+            params, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
+        )
+        self.sched = build_scheduler(self.opt, cfg)
+        self.updater = PolicyUpdate(cfg, self.policy, self.opt, self.sched, self._train_temperature(), dist)
+        self.step, self.timings, self.last_kl = 0, {}, None
+        self.mismatch: dict[str, float] = {}  # rollout vs recomputed pi_old, set by make_batch
+        self.collector = Collector(
+            cfg,
+            self.train_data,
+            self.policy,
+            self.engine,
+            self.sampler,
+            self.reward,
+            self.stage,
+            dist,
+            render_root=self.out / "renders",
+            episode_root=self.out / "episodes",
+        )
+        self.validator = Validator(cfg, eval_data, self.collector, out_dir=self.out)
+        self._reward_counts: dict[str, int] = {}
+        if dist.is_main:
+            (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+        if ckpt is not None:
+            state = load_training_state(
+                ckpt,
+                self.opt,
+                self.sched,
+                rank=dist.rank,
+                model=self.policy.model if self.policy.sharded else None,
+            )
+            self.sampler.load_state_dict(state["sampler"])
+            self.estimator.load_state_dict(state.get("advantage", {}))
+            self.step, self.last_kl = int(state["step"]), state.get("last_kl")
+        self.logger = MetricsLogger(
+            self.out,
+            trackers=trackers.wanted(cfg.train),
+            tracker_options=cfg.train.tracker_options,
+            purge_step=self.step + 1 if ckpt else None,
+            enabled=dist.is_main,
+            config=to_dict(cfg),
+        )
+
+    def _prepare_run_dir(self, resume: bool, overwrite: bool) -> Path | None:
+        """Rank 0 prepares the directory (refuse / overwrite / trim for resume); the others then read it."""
+        max_steps = self.cfg.train.max_steps
+        ckpt = None
+        if self.dist.is_main:
+            ckpt = rundir.prepare(self.out, resume=resume, overwrite=overwrite, max_steps=max_steps)
+        self.dist.barrier()
+        if not self.dist.is_main and resume:
+            ckpt = rundir.resume_point(self.out, max_steps)
+        return ckpt
+
+    # ------------------------------------------------------------------ loop
+    def fit(self) -> dict[str, Any]:
+        cfg, metrics = self.cfg, {}
+        if self.step == 0:
+            self.start()
+        try:
+            with self._progress() as advance:
+                while self.step < cfg.train.max_steps:
+                    self.timings = {}
+                    got = self.collector.collect(
+                        self.step + 1
+                    )  # timed inside: sample, encode, rollout, reward
+                    with self.stage("old_logprobs"):
+                        batch = self.make_batch(got)
+                    with self.stage("ref_logprobs"):
+                        batch.ref_logp = self.reference_logprobs(batch) if cfg.algo.kl_coef > 0 else None
+                    got.resolve()  # rewards scored meanwhile (train.overlap_rewards): the wait is time/reward
+                    with self.stage("advantages"):
+                        adv_stats = self.advantages(got, batch)
+                    with self.stage("update"), self.policy.training():
+                        update_stats = self.updater(batch, self.step)
+                    with self.stage("sync_weights"):
+                        self.engine.sync_weights()
+                    self.step += 1
+                    metrics = {
+                        "step": self.step,
+                        **self.reward_rollout_stats(got),
+                        **update_stats,
+                        **adv_stats,
+                    }
+                    metrics |= self.mismatch
+                    self.last_kl = (
+                        metrics["kl"] if cfg.algo.kl_coef > 0 else None
+                    )  # read by MSSR's forgetting
+                    metrics |= got.stats | self.sampler.stats()
+                    metrics |= self.maybe_evaluate() | step_stats.throughput(
+                        got, self.timings, self.collector.reward_seconds, self.updater.tokens
+                    )
+                    self.logger.log(metrics)
+                    self._write_rollouts(got)
+                    if got.trajectories is not None:  # episode folders: only the logged ones stay
+                        logged = got.trajectories[:ROLLOUTS_LOGGED]
+                        self.collector.retire_episodes({t.episode_id for row in logged for t in row})
+                    if self.step == cfg.train.max_steps or (
+                        cfg.train.save_every and self.step % cfg.train.save_every == 0
+                    ):
+                        self.save()
+                    advance(metrics)
+        finally:  # also on an exception or SIGTERM (the CLI turns it into SystemExit): no orphaned reward workers
+            self.logger.close()
+            self.collector.close()
+            self.validator.close()
+            if self.reward is not None:
+                self.reward.close()
+        return metrics
+
+    def close(self) -> None:
+        """After a finished run, on every rank: the engine shuts down (vLLM tears down its process groups), then the
+        ranks meet and leave the process group together."""
+        if hasattr(self.engine, "close"):
+            self.engine.close()
+        self.dist.close()
+
+    # ------------------------------------------------------------------ stages
+    @contextmanager
+    def stage(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
+
+    def start(self) -> None:
+        """Before the first step: the held-out score of the initial policy, and the estimator's initialisation pass
+        (MSSR: one response of the initial policy per training prompt)."""
+        row: dict[str, Any] = {"step": 0}  # one step-0 row: a second one would replace it in read_metrics
+        if self.validator:
+            with self.collector.generation_weights():  # every rank evaluates its share; rank 0 aggregates
+                row |= self.evaluate()
+        if self.estimator.needs_init:
+            row |= self._initialise_estimator()
+        if len(row) > 1:
+            self.logger.log(row)
+
+    def _initialise_estimator(self) -> dict[str, Any]:
+        """MSSR's initialisation pass: one response of the initial policy per training prompt."""
+        c, bs, d = self.collector, self.cfg.rollout.batch_size, self.dist
+        params = c.sampling_params()
+        params = type(params)(1, params.temperature, params.top_p, params.top_k, params.max_new_tokens)
+        mine = list(range(d.rank, len(self.train_data), d.world))
+        rewards = []
+        # every rank makes the same number of engine calls (a tensor-parallel vLLM group generates together)
+        calls = max(d.gather(math.ceil(len(mine) / bs)))
+        with c.generation_weights():
+            for s in range(0, calls * bs, bs):
+                samples = [self.train_data[i] for i in mine[s : s + bs]]
+                prompts = [c.encode(x) for x in samples]
+                groups = self.engine.generate(prompts, params)
+                if samples:
+                    rewards.append(c.score(samples, prompts, groups)[0].reshape(-1))
+        parts = d.gather((mine, torch.cat(rewards) if rewards else torch.zeros(0)))
+        indices, init = [i for p in parts for i in p[0]], torch.cat([p[1] for p in parts])
+        self.estimator.initialise(indices, init)
+        return {"init/reward_mean": init.mean().item(), "init/prompts": len(init)}
+
+    def _train_temperature(self) -> float:
+        return self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
+
+    def make_batch(self, got: Collected) -> RolloutBatch:
+        if got.trajectories is not None:
+            return self._finish_batch(self._episode_batch(got))
+        comps = [c for g in got.groups for c in g]
+        T = max(len(c.token_ids) for c in comps)
+        old = torch.zeros(len(comps), T)
+        for i, c in enumerate(comps):
+            old[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
+        flat_prompts = [p for p, g in zip(got.prompts, got.groups) for _ in g]
+        G = len(got.groups[0])
+        lengths = {b: len(p.input_ids) for b, p in enumerate(got.prompts) if p is not None}
+        if self.dist.active:  # every rank needs every prompt's length to split the rows alike
+            lengths = {b: n for part in self.dist.gather(lengths) for b, n in part.items()}
+        batch = RolloutBatch(
+            flat_prompts,
+            [c.token_ids for c in comps],
+            G,
+            old,
+            encode=lambda row: self.collector.encode(got.samples[row // G]),
+            prompt_lengths=[lengths[i // G] for i in range(len(comps))],
+        )
+        return self._finish_batch(batch)
+
+    def _episode_batch(self, got: Collected) -> RolloutBatch:
+        """Multi-turn rows: each trajectory's whole response, its rollout log-probs (0 on the env's tokens)."""
+        trajs = [t for row in got.trajectories for t in row]
+        T = max(1, max(len(t.response) for t in trajs))
+        old = torch.zeros(len(trajs), T)
+        for i, t in enumerate(trajs):
+            old[i, : len(t.logprobs)] = torch.tensor(t.logprobs)
+        return RolloutBatch(
+            [t.prompt for t in trajs],
+            [list(t.response) for t in trajs],
+            len(got.trajectories[0]),
+            old,
+            prompt_lengths=[len(t.prompt.input_ids) for t in trajs],
+            trajectories=trajs,
+        )
+
+    def _finish_batch(self, batch: RolloutBatch) -> RolloutBatch:
+        """Rows per rank; pi_old recomputed (and the rollout correction) or the entropies, when asked for."""
+        N, G = len(batch.completions), batch.group_size
+        old = batch.old_logp
+        if self.dist.active:  # the no-grad passes' rows: balanced by tokens, whole groups
+            batch.rows = self.dist.balanced(*batch.blocks(list(range(N)), G))
+        a, self.mismatch = self.cfg.algo, {}
+        if a.old_logprobs == "recompute" or self.estimator.needs_entropy:
+            logp, ent = self.forward_no_grad(self.policy, batch, with_entropy=self.estimator.needs_entropy)
+            if a.old_logprobs == "recompute":  # the engine's log-probs (old) against the training forward's
+                batch.rollout_weights, self.mismatch = rollout_correction(
+                    a.rollout_correction, logp, old, batch.mask, cap=a.rollout_correction_cap
+                )
+                batch.old_logp = logp
+            batch.entropy = ent
+        return batch
+
+    @torch.no_grad()
+    def forward_no_grad(
+        self, policy: Policy, batch: RolloutBatch, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of this process's rows, gathered so every process holds the whole batch's."""
+        logp = torch.zeros_like(batch.old_logp)
+        ent = torch.zeros_like(batch.old_logp) if with_entropy else None
+        rows = batch.local_rows
+        micros = micro_batches(batch, rows, 1, self.cfg)
+        # under FSDP every forward is a collective: as many as the rank with the most (the extra ones dropped)
+        if policy.sharded:
+            most = max(self.dist.gather(len(micros)))
+            micros += [rows[:1]] * (most - len(micros))
+        done: set[int] = set()
+        for part in micros:
+            if done.issuperset(part):
+                batch.logprobs(policy, part)
+                continue
+            done.update(part)
+            lp, e, _ = batch.logprobs(
+                policy, part, temperature=self._train_temperature(), with_entropy=with_entropy
+            )
+            logp[part, : lp.shape[1]] = lp.float().cpu()
+            if ent is not None:
+                ent[part, : e.shape[1]] = e.float().cpu()
+        if self.dist.active:
+            for r, lp, e in self.dist.gather((rows, logp[rows], None if ent is None else ent[rows])):
+                logp[r] = lp
+                if ent is not None:
+                    ent[r] = e
+        return logp, ent
+
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        if self.ref is not None:
+            return self.forward_no_grad(self.ref, batch)[0]
+        with self.policy.reference():
+            return self.forward_no_grad(self.policy, batch)[0]
+
+    def advantages(self, got: Collected, batch: RolloutBatch) -> dict[str, float]:
+        a = self.cfg.algo
+        rewards = self.correction(got.rewards, fp_rate=a.fp_rate, fn_rate=a.fn_rate)  # [B, G]
+        stats: dict[str, float] = {}
+        if a.kl_in == "reward" and batch.ref_logp is not None:
+            kl_tok = KL_ESTIMATORS.get(a.kl_estimator)(batch.old_logp, batch.ref_logp)
+            rewards = kl_penalised_rewards(rewards, kl_tok, batch.mask, a.kl_coef)
+            stats["kl"] = ((kl_tok * batch.mask).sum() / batch.mask.sum().clamp(min=1)).item()
+        turns = None if batch.trajectories is None else [list(t.turns) for t in batch.trajectories]
+        inp = AdvantageInput(
+            rewards, got.indices, batch.old_logp, batch.mask, batch.entropy, self.last_kl, turns=turns
+        )
+        batch.advantages, est_stats = self.estimator(inp)
+        return stats | est_stats
+
+    def reward_rollout_stats(self, got: Collected) -> dict[str, float]:
+        """The step's reward and rollout statistics (:mod:`mmrl.train.step_stats`); errors go to reward_errors.jsonl."""
+        errors = self.collector.errors
+        pool = self.reward.stats() if self.reward is not None else {}
+        stats, self._reward_counts = step_stats.reward_stats(got, errors, pool, self._reward_counts)
+        if errors and self.dist.is_main:
+            step_stats.write_reward_errors(self.out / "reward_errors.jsonl", self.step, errors)
+        return stats | step_stats.rollout_stats(got)
+
+    def maybe_evaluate(self) -> dict[str, float]:
+        cfg = self.cfg
+        if not self.validator:
+            return {}
+        if (cfg.eval.every and self.step % cfg.eval.every == 0) or self.step == cfg.train.max_steps:
+            # every rank evaluates its share of the records; rank 0 gets the metrics
+            with self.stage("eval"), self.collector.generation_weights():
+                return self.evaluate()
+        return {}
+
+    # ------------------------------------------------------------------ eval / io
+    def evaluate(self) -> dict[str, float]:
+        return self.validator()
+
+    def _write_rollouts(self, got: Collected, keep: int = ROLLOUTS_LOGGED) -> None:
+        """Append the first ``keep`` groups of the step to rollouts.jsonl (:mod:`mmrl.run.rollout_log`) and give their
+        inputs and kept renders to the trackers."""
+        if not self.dist.is_main:
+            return
+        rows = rollout_rows(got, self.step, self.out, keep)
+        append_rollouts(self.out / "rollouts.jsonl", rows)
+        self.logger.log_rollout_images(self.step, rows)
+
+    def save(self) -> Path:
+        """A checkpoint (:mod:`mmrl.run.checkpoint`). Under FSDP every rank writes its optimizer shard into the staging
+        folder in parallel; rank 0 writes the HF weights (gathered from the shards) and the rest."""
+        root, d, sharded = self.out / "checkpoints", self.dist, bool(self.policy.sharded)
+        rngs = d.gather(rng_state())  # every process's generators, written by rank 0
+        if d.is_main:
+            checkpoint.begin(root, self.step)
+        d.barrier()
+        if sharded:
+            fsdp.save_sharded_optimizer(
+                self.policy.model, self.opt, checkpoint.staging(root, self.step) / "optimizer"
+            )
+        weights = self.policy.full_state_dict()  # under FSDP: gathered on rank 0 (every rank takes part)
+        final = root / f"step-{self.step}"
+        if d.is_main:
+            state = {
+                "sampler": self.sampler.state_dict(),
+                "advantage": self.estimator.state_dict(),
+                "last_kl": self.last_kl,
+                "config": to_dict(self.cfg),
+            }
+            checkpoint.save_checkpoint(
+                root,
+                self.step,
+                policy=self.policy,
+                optimizer=None if sharded else self.opt,
+                scheduler=self.sched,
+                state=state,
+                keep=self.cfg.train.keep_checkpoints,
+                rank_rng=rngs[1:],
+                weights=weights,
+                staged=True,
+            )
+        d.barrier()
+        return final
+
+    @contextmanager
+    def _progress(self):
+        if not self.cfg.train.progress or not self.dist.is_main:
+            yield lambda m: None
+            return
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        cols = [
+            TextColumn("[bold]train"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+        ]
+        with Progress(*cols, transient=False) as prog:
+            task = prog.add_task("train", total=self.cfg.train.max_steps, completed=self.step, info="")
+
+            def advance(m: dict[str, Any]) -> None:
+                info = f"reward {m['reward/mean']:.3f}"
+                if "eval/accuracy" in m:
+                    info += f" eval acc {m['eval/accuracy']:.3f}"
+                prog.update(task, completed=self.step, info=info)
+
+            yield advance

@@ -1,0 +1,261 @@
+"""The update stage: ``algo.epochs`` passes over one rollout batch, each ``algo.mini_batches`` optimizer steps, each
+accumulated over micro-batches of ``optim.micro_batch_size`` rows (ALGORITHMS.md §1).
+
+Every method is looked up by name and called through one shape, so nothing here branches on a method's name:
+- the policy loss ``LOSSES[algo.loss](logp, old_logp, adv, mask, group_ids=..., **options)`` gives token losses;
+  its options are the clip fields it declares plus ``algo.loss_options``; a loss marked ``needs_whole_groups``
+  gets micro-batches that never split a prompt's group; the rollout correction's weights
+  (``batch.rollout_weights``, :mod:`mmrl.algos.rollout_correction`) multiply them;
+- the aggregation ``AGGREGATIONS[algo.loss_agg]`` turns token losses into numerators and units that add up across
+  micro-batches, so the accumulated gradient equals the whole mini-batch's (tested);
+- the KL to the reference (``KL_ESTIMATORS[algo.kl_estimator]``) is a loss term when ``algo.kl_in: loss`` (as a
+  reward penalty it is applied before the advantages, in the trainer);
+- an entropy bonus subtracts ``algo.entropy_coef`` x the aggregated token entropy (with its gradient).
+
+Mini-batches are drawn from the batch's global rows with a generator seeded by (seed, step), so every process of a
+multi-process run draws the same ones and the update does not depend on the number of processes. Each mini-batch is
+split over the processes afresh, balanced (:meth:`mmrl.distributed.Dist.balanced`: the same number of rows or whole
+groups each, tokens spread longest first), so no rank waits on a larger share; a row whose prompt another rank
+encoded is encoded here on demand (``RolloutBatch.prompt``). Each process back-propagates its share over the global
+mini-batch's units, and gradients are summed across processes before clipping (:mod:`mmrl.distributed`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mmrl.algos import AGGREGATIONS, KL_ESTIMATORS, LOSSES, reduce_stats
+from mmrl.config import Config
+from mmrl.distributed import Dist
+from mmrl.model.policy import EncodedPrompt, Policy
+
+CLIP_FIELDS = ("clip_low", "clip_high", "dual_clip")
+
+
+@dataclass
+class RolloutBatch:
+    """One step's rollouts, rows prompt-major (the G responses of prompt b are rows b*G .. b*G+G-1)."""
+
+    prompts: list[EncodedPrompt | None]  # [N] (each prompt repeated G times; None outside this rank's rows)
+    completions: list[list[int]]  # [N] token ids
+    group_size: int  # G
+    old_logp: torch.Tensor  # [N, T]
+    ref_logp: torch.Tensor | None = None  # [N, T]
+    entropy: torch.Tensor | None = None  # [N, T] under pi_old, for estimators that need it
+    advantages: torch.Tensor | None = None  # [N] or [N, T]
+    rows: list[int] | None = None  # the rows this process scores in the no-grad passes (None: all)
+    rollout_weights: torch.Tensor | None = None  # [N, T] detached token-loss weights (rollout correction)
+    # balanced ranks: the prompt of any row, encoded on demand (rows move between ranks), and every row's prompt
+    # length (gathered), so that every rank can split the work alike
+    encode: Callable[[int], EncodedPrompt] | None = None
+    prompt_lengths: list[int] | None = None
+    # multi-turn rows (rollout.env): each row's mmrl.rollout.episodes.Trajectory; completions are then the whole responses
+    # (environment tokens included, mask 0) and the forward is mmrl.rollout.episodes.trajectory_logprobs
+    trajectories: list[Any] | None = None
+
+    @property
+    def local_rows(self) -> list[int]:
+        return list(range(len(self.completions))) if self.rows is None else self.rows
+
+    def prompt(self, row: int) -> EncodedPrompt:
+        """Row ``row``'s prompt, encoded here first if another rank encoded it (one object per group)."""
+        p = self.prompts[row]
+        if p is None:
+            if self.encode is None:
+                raise ValueError(f"row {row}'s prompt is not on this rank and the batch cannot encode it")
+            p = self.encode(row)
+            G = self.group_size
+            for r in range(row // G * G, row // G * G + G):
+                self.prompts[r] = p
+        return p
+
+    def tokens(self, row: int) -> int:
+        """Prompt + completion tokens of ``row``."""
+        P = self.prompt_lengths[row] if self.prompt_lengths is not None else len(self.prompt(row).input_ids)
+        return P + len(self.completions[row])
+
+    def blocks(self, rows: list[int], unit: int) -> tuple[list[list[int]], list[float]]:
+        """``rows`` in blocks of ``unit`` and each block's tokens."""
+        blocks = [rows[i : i + unit] for i in range(0, len(rows), unit)]
+        return blocks, [float(sum(self.tokens(r) for r in b)) for b in blocks]
+
+    @property
+    def mask(self) -> torch.Tensor:  # [N, T]: 1 on sampled tokens (not on padding, not on the env's tokens)
+        T = self.old_logp.shape[1]
+        if self.trajectories is not None:
+            out = torch.zeros(len(self.trajectories), T)
+            for i, t in enumerate(self.trajectories):
+                out[i, : len(t.mask)] = torch.tensor(t.mask, dtype=torch.float32)
+            return out
+        lengths = torch.tensor([len(c) for c in self.completions])
+        return (torch.arange(T)[None, :] < lengths[:, None]).float()
+
+    def logprobs(
+        self, policy: Policy, rows: list[int], **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The training forward of ``rows``: ``(logp, entropy, mask)``, each ``[len(rows), T]`` with T the longest
+        of their responses (:meth:`Policy.logprobs`; whole trajectories by
+        :func:`mmrl.rollout.episodes.trajectory_logprobs`, scoring the sampled tokens only)."""
+        if self.trajectories is not None:
+            from mmrl.rollout.episodes import trajectory_logprobs
+
+            kwargs.setdefault("with_entropy", True)  # as Policy.logprobs
+            return trajectory_logprobs(policy, [self.trajectories[j] for j in rows], **kwargs)
+        return policy.logprobs([self.prompt(j) for j in rows], [self.completions[j] for j in rows], **kwargs)
+
+
+def loss_options(cfg: Config) -> dict[str, Any]:
+    """The clip fields the loss declares, plus ``algo.loss_options``."""
+    params = inspect.signature(LOSSES.get(cfg.algo.loss)).parameters
+    opts = {k: getattr(cfg.algo, k) for k in CLIP_FIELDS if k in params}
+    return opts | dict(cfg.algo.loss_options)
+
+
+def micro_batches(batch: RolloutBatch, rows: list[int], unit: int, cfg: Config) -> list[list[int]]:
+    """This process's ``rows`` in micro-batches, blocks of ``unit`` rows (whole groups when a loss needs them) kept
+    together. ``optim.micro_batch_size`` rows in draw order; or, with ``optim.micro_batch_tokens``, blocks sorted by
+    length (prompt + completion tokens) and packed first-fit into micro-batches of at most that many tokens (a
+    longer block alone), so rows of like length share a micro-batch (little padding where the family cannot pack)
+    and a packed micro-batch holds a steady number of tokens."""
+    budget = cfg.optim.micro_batch_tokens
+    if budget <= 0:
+        size = max(unit, cfg.optim.micro_batch_size // unit * unit)
+        return [rows[s : s + size] for s in range(0, len(rows), size)]
+    blocks, costs = batch.blocks(rows, unit)
+    bins: list[tuple[float, list[int]]] = []
+    for b in sorted(range(len(blocks)), key=lambda b: (-costs[b], b)):
+        block, n = blocks[b], costs[b]
+        for k, (used, members) in enumerate(bins):
+            if used + n <= budget:
+                bins[k] = (used + n, members + block)
+                break
+        else:
+            bins.append((n, list(block)))
+    return [members for _, members in bins]
+
+
+class PolicyUpdate:
+    def __init__(
+        self,
+        cfg: Config,
+        policy: Policy,
+        opt: torch.optim.Optimizer,
+        sched: Any,
+        temperature: float,
+        dist: Dist | None = None,
+    ):
+        a = cfg.algo
+        self.cfg, self.policy, self.opt, self.sched, self.temperature = cfg, policy, opt, sched, temperature
+        self.dist = dist or Dist()
+        if self.dist.active and not policy.distributed:
+            raise ValueError(
+                f"a process group of {self.dist.world} but the policy is neither replicated nor sharded: call "
+                "policy.replicate(dist) (DDP sums the gradients) or policy.shard() (FSDP2) before the update"
+            )
+        self.loss_fn: Callable = LOSSES.get(a.loss)
+        self.loss_kwargs = loss_options(cfg)
+        self.agg = AGGREGATIONS.get(a.loss_agg)
+        self.constant = a.loss_agg_constant or float(cfg.rollout.max_new_tokens)
+        self.kl_fn = KL_ESTIMATORS.get(a.kl_estimator) if a.kl_coef > 0 and a.kl_in == "loss" else None
+        self.whole_groups = bool(getattr(self.loss_fn, "needs_whole_groups", False))
+        self.tokens = 0  # tokens through the training forward in the last call (for tokens/s)
+
+    def __call__(self, batch: RolloutBatch, step: int = 0) -> dict[str, float]:
+        a, N = self.cfg.algo, len(batch.prompts)
+        lr = self.sched.get_last_lr()[0]  # the rate this update uses (the scheduler steps after it)
+        unit = batch.group_size if self.whole_groups else 1  # rows move in blocks of whole groups when needed
+        gen = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + step)  # same on every process
+        steps: list[dict[str, float]] = []
+        self.tokens = 0
+        for _ in range(a.epochs):
+            blocks = torch.randperm(N // unit, generator=gen).tolist()
+            per_step = math.ceil(len(blocks) / a.mini_batches)
+            for s in range(0, len(blocks), per_step):
+                rows = [b * unit + j for b in blocks[s : s + per_step] for j in range(unit)]
+                steps.append(self._optimizer_step(batch, rows, unit))
+        out = {k: sum(st[k] for st in steps) / len(steps) for k in steps[0]}
+        return out | {"lr": lr}
+
+    def _optimizer_step(self, batch: RolloutBatch, rows: list[int], unit: int) -> dict[str, float]:
+        pol = self.policy
+        full_mask = batch.mask
+        # the global mini-batch's denominator (every aggregation's units add up over any split of the rows)
+        units = self.agg.units(full_mask[rows])
+        # balanced ranks: this mini-batch's blocks split over the ranks by tokens, equal counts (the mini-batch
+        # itself is drawn from the global rows, so the update does not depend on the number of processes)
+        if not self.dist.active:
+            mine = rows
+        elif batch.encode is None and batch.prompt_lengths is None:  # a batch that cannot move rows: its own
+            own = set(batch.local_rows)
+            mine = [r for r in rows if r in own]
+        else:
+            mine = self.dist.balanced(*batch.blocks(rows, unit))
+        micros = micro_batches(batch, mine, unit, self.cfg)
+        weights = [1.0] * len(micros)
+        # zero-weight padding micro-batches: under FSDP every forward is a collective (pad to the most any rank
+        # has); under DDP every rank runs the one synchronising backward (pad a rank with no rows to one)
+        most = max(self.dist.gather(len(micros))) if pol.sharded else max(len(micros), int(pol.distributed))
+        pad = (mine or batch.local_rows)[:unit]
+        micros, weights = micros + [pad] * (most - len(micros)), weights + [0.0] * (most - len(micros))
+        self.opt.zero_grad(set_to_none=True)
+        acc = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "entropy": 0.0}
+        parts: list[tuple[dict[str, Any], float]] = []
+        for i, (part, weight) in enumerate(zip(micros, weights)):
+            with pol.grad_sync(i == len(micros) - 1):  # DDP reduces once, in the last micro-batch's backward
+                st, n_tok = self._micro_step(batch, part, weight, units, acc)
+            if weight:
+                self.tokens += int(n_tok)
+                parts.append((st, n_tok))
+        params = [p for p in pol.model.parameters() if p.requires_grad]
+        clip = self.cfg.optim.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP
+            norm = norm.full_tensor()
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)  # gradients are not kept through generation and the weight sync
+        all_parts = [x for ps in self.dist.gather(parts) for x in ps]
+        return self.dist.sum(acc) | reduce_stats(all_parts) | {"grad_norm": float(norm)}
+
+    def _micro_step(
+        self, batch: RolloutBatch, part: list[int], weight: float, units: float, acc: dict[str, float]
+    ) -> tuple[dict[str, float], float]:
+        """Forward and backward of one micro-batch; adds its share to ``acc``; returns its loss statistics and
+        token count (a zero-weight padding micro-batch runs both passes and counts nothing)."""
+        a, dev, pol = self.cfg.algo, self.policy.device, self.policy
+        logp, ent, mask = batch.logprobs(
+            pol, part, temperature=self.temperature, entropy_grad=a.entropy_coef != 0
+        )
+        T = logp.shape[1]
+        adv = batch.advantages[part]
+        adv = (adv[:, :T] if adv.dim() == 2 else adv).to(dev)
+        group_ids = torch.tensor([i // batch.group_size for i in part], device=dev)
+        tok_loss, st = self.loss_fn(
+            logp, batch.old_logp[part, :T].to(dev), adv, mask, group_ids=group_ids, **self.loss_kwargs
+        )
+        if batch.rollout_weights is not None:  # algo.rollout_correction: pi_old / pi_rollout, capped/masked
+            tok_loss = tok_loss * batch.rollout_weights[part, :T].to(dev)
+        pg = self.agg.numerator(tok_loss, mask, self.constant) / units
+        loss = pg
+        if self.kl_fn is not None and batch.ref_logp is not None:
+            kl = self.agg.numerator(self.kl_fn(logp, batch.ref_logp[part, :T].to(dev)), mask, self.constant)
+            loss = loss + a.kl_coef * kl / units
+            acc["kl"] += weight * kl.item() / units
+        ent_term = self.agg.numerator(ent, mask, self.constant) / units
+        if a.entropy_coef:
+            loss = loss - a.entropy_coef * ent_term
+        if not weight:  # padding (FSDP, DDP): the forward and backward run, nothing is counted
+            (loss * 0.0).backward()
+            return {}, 0.0
+        # FSDP averages gradients over ranks; the loss is already divided by the global units: undo the mean
+        (loss * self.dist.world if pol.sharded else loss).backward()
+        acc["loss"] += loss.item()
+        acc["pg_loss"] += pg.item()
+        acc["entropy"] += ent_term.item()
+        return {k: float(v) for k, v in st.items()}, float(mask.sum())
