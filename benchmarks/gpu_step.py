@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
 
-CONFIG_3B = ROOT / "assets" / "configs" / "Qwen2.5-VL-3B-Instruct"  # the published config.json
+CONFIG_3B = ROOT / "mmrl" / "plan" / "configs" / "Qwen2.5-VL-3B-Instruct"  # the published config.json
 
 REWARD = '''
 from mmrl.types import RewardResult
@@ -65,7 +65,8 @@ def make_config(arch: str):
     """The Qwen2.5-VL config of ``arch``'s shapes, with the bundled tokenizer's special-token ids."""
     from transformers import AutoConfig, AutoTokenizer, Qwen2_5_VLConfig
 
-    from mmrl.tiny.qwen2_5_vl import QWEN_SPECIAL_TOKENS, TEXT_ARCH, VISION_ARCH
+    from mmrl.tiny.archs import TEXT_ARCH, VISION_ARCH
+    from mmrl.tiny.tokenization import QWEN_SPECIAL_TOKENS
 
     tok = AutoTokenizer.from_pretrained(TINY)
     ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}

@@ -66,8 +66,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
 ARCHS = {
-    "3b": ROOT / "assets" / "configs" / "Qwen2.5-VL-3B-Instruct",
-    "7b": ROOT / "assets" / "configs" / "Qwen2.5-VL-7B-Instruct",
+    "3b": ROOT / "mmrl" / "plan" / "configs" / "Qwen2.5-VL-3B-Instruct",
+    "7b": ROOT / "mmrl" / "plan" / "configs" / "Qwen2.5-VL-7B-Instruct",
     "tiny": TINY,
 }
 GIB = 2**30

@@ -106,7 +106,7 @@ def test_the_planner_fits_each_setting_to_the_card(tmp_path):
     spec.loader.exec_module(gpu_step)
     a = gpu_step.parser().parse_args(["--compare", "all"])
     data = gpu_step.write_data(tmp_path, 2, 32, 32)
-    config = ROOT / "assets" / "configs" / "Qwen2.5-VL-3B-Instruct"
+    config = ROOT / "mmrl" / "plan" / "configs" / "Qwen2.5-VL-3B-Instruct"
     runs = {}
     for setting in ("before", "after", "after-plain"):
         overrides = gpu_step.setting_config(a, setting, config, data)

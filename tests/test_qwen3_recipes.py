@@ -13,7 +13,7 @@ from mmrl.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB_ID = "Qwen/Qwen3-VL-8B-Instruct"
-SHIPPED = ROOT / "assets" / "configs" / "Qwen3-VL-8B-Instruct"
+SHIPPED = ROOT / "mmrl" / "plan" / "configs" / "Qwen3-VL-8B-Instruct"
 RECIPES = sorted((ROOT / "recipes").glob("*/gpu-qwen3vl8b*.yaml"))
 PUBLISHED_PARAMS = 8.77e9  # the checkpoint's published size
 

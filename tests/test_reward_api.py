@@ -137,7 +137,7 @@ def test_pool_timeout_crash_and_rebuild(caplog):
     batch = [_x(0, "a"), _x(1, "hang"), _x(2, "bb"), _x(3, "crash"), _x(4, "dddd")]
     cfg = RewardConfig(f"{PLUGIN}:sleepy", options={"seconds": 60.0})
     with caplog.at_level(logging.WARNING, logger="mmrl.rewards"):
-        with CompositeReward([cfg], num_workers=2, timeout_s=2.0, chunk_size=2) as comp:
+        with CompositeReward([cfg], num_workers=2, timeout_s=8.0, chunk_size=2) as comp:
             assert comp([_x(9, "warm")])[0].score == 4.0  # starts the workers before deadlines matter
             out = comp(batch)
             again = comp([_x(5, "eeeee")])
