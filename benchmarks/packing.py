@@ -81,7 +81,7 @@ def build_qwen3_5(out: Path, width: int, layers: int) -> Path:
     released, with linear-attention heads of 64 (``width // 64`` value heads, half as many key heads)."""
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from mmrl.tiny.qwen2_5_vl import build_tiny
+    from mmrl.tiny.build import build_tiny
 
     build_tiny(out, family="qwen3_5")
     conf = AutoConfig.from_pretrained(out)

@@ -105,7 +105,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _cmd_build_tiny(args: argparse.Namespace) -> int:
-    from mmrl.tiny.qwen2_5_vl import FAMILIES, build_tiny
+    from mmrl.tiny.build import FAMILIES, build_tiny
 
     if args.family not in FAMILIES:
         print(f"error: unknown family {args.family!r}; choose one of {', '.join(FAMILIES)}", file=sys.stderr)
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--family",
         default="qwen2_5_vl",
-        help="qwen2_5_vl (bundled), qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe or gemma3 (mmrl.tiny.qwen2_5_vl.FAMILIES)",
+        help="qwen2_5_vl (bundled), qwen3_vl, qwen3_vl_moe, qwen3_5, qwen3_5_moe or gemma3 (mmrl.tiny.build.FAMILIES)",
     )
     b.add_argument("--out", default=None, help="default: assets/tiny-qwen2.5-vl, or assets/tiny-<family>")
     b.add_argument("--seed", type=int, default=0)

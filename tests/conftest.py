@@ -21,7 +21,7 @@ def tiny_family(tmp_path_factory):
     per test session; the shipped tiny Qwen2.5-VL for ``qwen2_5_vl``."""
     from pathlib import Path
 
-    from mmrl.tiny.qwen2_5_vl import build_tiny
+    from mmrl.tiny.build import build_tiny
 
     root, built = tmp_path_factory.mktemp("families"), {}
 

@@ -21,7 +21,7 @@ from mmrl.model.policy import Policy
 from mmrl.processors.image import ImageGeometry
 from mmrl.rewards.gui import to_original
 from mmrl.rollout import HFEngine, SamplingParams
-from mmrl.tiny.qwen2_5_vl import FAMILIES, build_tiny
+from mmrl.tiny.build import FAMILIES, build_tiny
 from mmrl.types import Sample
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ import torch
 from mmrl.config import LoraConfig, ModelConfig
 from mmrl.model.families import language_model_prefix
 from mmrl.model.policy import Policy
-from mmrl.tiny.qwen2_5_vl import FAMILIES
+from mmrl.tiny.build import FAMILIES
 
 # leaf names of Linear layers the default set must adapt, beyond attention q/k/v/o and the dense MLP
 MUST = {

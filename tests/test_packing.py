@@ -14,7 +14,7 @@ from PIL import Image
 from mmrl.config import Config, ModelConfig, from_dict
 from mmrl.model.families import packing_support
 from mmrl.model.policy import Policy
-from mmrl.tiny.qwen2_5_vl import FAMILIES
+from mmrl.tiny.build import FAMILIES
 from mmrl.types import Sample
 from mmrl.train.update import RolloutBatch, micro_batches
 

@@ -1,4 +1,4 @@
-"""The tiny Qwen2.5-VL checkpoint built by mmrl.tiny.qwen2_5_vl loads and runs through the same code path as a real one."""
+"""The tiny Qwen2.5-VL checkpoint built by mmrl.tiny.build loads and runs through the same code path as a real one."""
 
 import os
 
@@ -14,7 +14,8 @@ from PIL import Image
 from tokenizers import Tokenizer
 from transformers import AutoModelForImageTextToText, AutoProcessor, Qwen2_5_VLProcessor
 
-from mmrl.tiny.qwen2_5_vl import FORMAT_TAGS, QWEN_SPECIAL_TOKENS, build_tiny
+from mmrl.tiny.build import build_tiny
+from mmrl.tiny.tokenization import FORMAT_TAGS, QWEN_SPECIAL_TOKENS
 
 SHIPPED = Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl"
 

@@ -19,7 +19,7 @@ from PIL import Image
 from mmrl.config import ModelConfig
 from mmrl.model.policy import Policy
 from mmrl.rollout import ENGINES, SamplingParams
-from mmrl.tiny.qwen2_5_vl import FAMILIES
+from mmrl.tiny.build import FAMILIES
 from mmrl.types import Sample
 
 pytestmark = [

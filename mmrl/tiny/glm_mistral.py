@@ -33,11 +33,11 @@ id 10 as in the release), the GLM-4 / tekken pre-tokenisation regexes, the byte-
 which template writes the bos and GLM's M-RoPE layout (partial rotary 0.5, the released [8, 12, 12] sections scaled
 to [2, 3, 3]). What is scaled down: widths and depths (text hidden 64, two layers, text head_dim 32 since vLLM's CPU
 attention supports no smaller head; vision hidden 32, two blocks; 0.34-0.37 M parameters, GLM-4.5V 0.57 M because
-its output embedding is untied, see :func:`_glm`), the vocabulary (the BPE of :func:`mmrl.tiny.qwen2_5_vl.tokenizer_corpus`,
-trained by :func:`mmrl.tiny.qwen2_5_vl.train_tokenizer` with the family's split regex, then the family's special tokens on top;
+its output embedding is untied, see :func:`_glm`), the vocabulary (the BPE of :func:`mmrl.tiny.tokenization.tokenizer_corpus`,
+trained by :func:`mmrl.tiny.tokenization.train_tokenizer` with the family's split regex, then the family's special tokens on top;
 tekken's 980 unused ``<SPECIAL_n>`` slots are left out), the pixel budgets (GLM: 4..16 merged 28x28 patches per
 image; Pixtral: longest edge 224 px) and the vision position tables. The ``<think>``, ``</think>``, ``<answer>``
-and ``</answer>`` tags that a release lacks are ordinary (non-special) added tokens, as :data:`mmrl.tiny.qwen2_5_vl.FORMAT_TAGS`
+and ``</answer>`` tags that a release lacks are ordinary (non-special) added tokens, as :data:`mmrl.tiny.tokenization.FORMAT_TAGS`
 are for the Qwen models; those a release has are special tokens there and here, so ``skip_special_tokens=True`` drops
 them when decoding (GLM: the think tags, the box tokens and GLM-4.1V's answer tags).
 
@@ -55,7 +55,7 @@ import torch
 from tokenizers import Regex, Tokenizer, pre_tokenizers
 from transformers import AddedToken, GenerationConfig
 
-from mmrl.tiny.qwen2_5_vl import FORMAT_TAGS, QWEN_SPECIAL_TOKENS, train_tokenizer
+from mmrl.tiny.tokenization import FORMAT_TAGS, QWEN_SPECIAL_TOKENS, train_tokenizer
 
 # ---------------------------------------------------------------------------------------------------------------- GLM
 # GLM-4's special tokens from <|endoftext|> (151329) to <|end_of_video|> (151342), shared by GLM-4.1V and GLM-4.5V.
@@ -315,7 +315,7 @@ PIXTRAL_VISION = {
 
 # -------------------------------------------------------------------------------------------------------- tokenizers
 def _byte_level_bpe(split_regex: str) -> Tokenizer:
-    """:func:`mmrl.tiny.qwen2_5_vl.train_tokenizer`'s byte-level BPE over the tiny corpus, trained with ``split_regex``, with the
+    """:func:`mmrl.tiny.tokenization.train_tokenizer`'s byte-level BPE over the tiny corpus, trained with ``split_regex``, with the
     same regex as its pre-tokeniser and without the Qwen special and format tokens (ids then start at the vocab's
     end, for the family's own)."""
     trained = train_tokenizer(split_regex=split_regex)

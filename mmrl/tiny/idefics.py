@@ -29,7 +29,7 @@ shuffle factor, the special-token strings and their relative order, the tokenize
 chat templates (plus a branch for string content), the untied text heads. What is scaled down: widths and depths
 (text hidden 64, two layers, two query heads of 32 over one KV head, MLP 64; vision hidden 32, two layers), the tile
 (56 px = 4x4 patches -> 2x2 = 4 tokens for Idefics3; 84 px = 6x6 patches -> 2x2 = 4 tokens for SmolVLM2), the
-vocabulary (the BPE of :func:`mmrl.tiny.qwen2_5_vl.tokenizer_corpus`, trained by :func:`mmrl.tiny.qwen2_5_vl.train_tokenizer` with each
+vocabulary (the BPE of :func:`mmrl.tiny.tokenization.tokenizer_corpus`, trained by :func:`mmrl.tiny.tokenization.train_tokenizer` with each
 family's split regex), and the reserved tokens (Llama 3.1's ``<|reserved_special_token_3..247|>`` are left out, as
 Gemma's unused tokens are in :mod:`mmrl.tiny.families`). Weights come from ``torch.manual_seed(seed)`` and the
 models' own initialisation, which zeroes no projection (the connector gets the default N(0, 0.02); only biases
@@ -47,7 +47,7 @@ from tokenizers import AddedToken as RawAddedToken
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import GenerationConfig
 
-from mmrl.tiny.qwen2_5_vl import train_tokenizer
+from mmrl.tiny.tokenization import train_tokenizer
 
 # Llama 3's pre-tokenisation regex (the released tokenizer.json's Split): digits in groups of up to three.
 LLAMA3_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -154,7 +154,7 @@ VISION = {
 
 
 def _trained_bpe(split_regex: str) -> tuple[list[str], list[tuple[str, str]]]:
-    """The byte-level BPE of :func:`mmrl.tiny.qwen2_5_vl.train_tokenizer` trained with ``split_regex``: its pieces in id order
+    """The byte-level BPE of :func:`mmrl.tiny.tokenization.train_tokenizer` trained with ``split_regex``: its pieces in id order
     and its merges (the Qwen tokens that function adds are added tokens, not part of the BPE model)."""
     trained = json.loads(train_tokenizer(split_regex=split_regex).backend_tokenizer.to_str())["model"]
     pieces = sorted(trained["vocab"], key=trained["vocab"].get)

@@ -30,7 +30,7 @@ regex), the named tokenizer tokens the processors read (InternVL's ``start_image
 InternVL's pixel shuffle 0.5 and its tile rule, LLaVA-OV's pinpoint structure (every (i, j) tiles up to 6 x 6, as the
 release's multiples of 384), ``anyres_max_9``, feature-selection strategies and feature layers, the processors'
 normalisation and resampling. What is scaled down: widths and depths (text hidden 64, two layers; vision hidden 32,
-two layers), the vocabulary (the BPE of :func:`mmrl.tiny.qwen2_5_vl.tokenizer_corpus`, plus :data:`mmrl.tiny.qwen2_5_vl.FORMAT_TAGS` as
+two layers), the vocabulary (the BPE of :func:`mmrl.tiny.tokenization.tokenizer_corpus`, plus :data:`mmrl.tiny.tokenization.FORMAT_TAGS` as
 ordinary added tokens, as in the Qwen tiny models; the Qwen2.5 tool/FIM added tokens are left out as there), the
 tile sizes (InternVL 448 -> 56 = 4 x 14 px, so a tile gives (56 / 14 / 2)^2 = 4 tokens; SigLIP 384 -> 64 px, which
 like 384 is not a multiple of 14, so a tile gives (64 // 14)^2 = 16 features) and InternVL's ``max_patches`` (12 ->
@@ -38,7 +38,7 @@ like 384 is not a multiple of 14, so a tile gives (64 // 14)^2 = 16 features) an
 Weights come from ``torch.manual_seed(seed)`` and the model's own initialisation: neither family zero-initialises a
 projection (InternViT's zero position embeddings and CLS token leave the patch embedding, and so the image, in play).
 The LLaVA-OneVision model is handed back reloaded from the released key layout (``vision_tower.vision_model.*``,
-:func:`_in_release_layout`), so that ``save_pretrained`` writes a checkpoint vLLM can load.
+:func:`mmrl.tiny.layouts.reload_in_release_layout`), so that ``save_pretrained`` writes a checkpoint vLLM can load.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ from typing import Any
 import torch
 from transformers import AddedToken, GenerationConfig
 
-from mmrl.tiny.qwen2_5_vl import FORMAT_TAGS, QWEN_SPECIAL_TOKENS, train_tokenizer
+from mmrl.tiny.layouts import reload_in_release_layout
+from mmrl.tiny.tokenization import FORMAT_TAGS, QWEN_SPECIAL_TOKENS, train_tokenizer
 
 # ------------------------------------------------------------------------------------------------------ InternVL
 # Added after Qwen2.5-VL's tokens by the -hf conversion, in this order (151665..151674 in the release); all but
@@ -168,7 +169,7 @@ STOP_TOKENS = ["<|im_end|>", "<|endoftext|>"]
 
 
 def internvl_tokenizer() -> Any:
-    """Qwen2.5-VL's tokenizer (:func:`mmrl.tiny.qwen2_5_vl.train_tokenizer`) with InternVL's tokens after it and the named
+    """Qwen2.5-VL's tokenizer (:func:`mmrl.tiny.tokenization.train_tokenizer`) with InternVL's tokens after it and the named
     image/video tokens ``InternVLProcessor`` reads, as in the -hf release."""
     tokenizer = train_tokenizer(INTERNVL_CHAT_TEMPLATE)
     tokenizer.add_tokens(
@@ -187,7 +188,7 @@ def internvl_tokenizer() -> Any:
 def llava_onevision_tokenizer() -> Any:
     """Qwen2-Instruct's tokenizer (three special tokens; Qwen2-Instruct's tokenizer_config lists <|im_start|> and
     <|im_end|> as additional special tokens) with ``<image>`` and ``<video>``, over the BPE of
-    :func:`mmrl.tiny.qwen2_5_vl.train_tokenizer` (whose Qwen2.5-VL special tokens Qwen2 does not have)."""
+    :func:`mmrl.tiny.tokenization.train_tokenizer` (whose Qwen2.5-VL special tokens Qwen2 does not have)."""
     return train_tokenizer(
         LLAVA_OV_CHAT_TEMPLATE,
         specials=LLAVA_OV_QWEN2_TOKENS + LLAVA_OV_MEDIA_TOKENS,
@@ -294,37 +295,8 @@ def build_llava_onevision(seed: int = 0) -> tuple[Any, Any, list[str], tuple[str
         vision_aspect_ratio=LLAVA_OV_ASPECT,
     )
     model, stops = _finish(config, tokenizer, seed)
-    model = _in_release_layout(model)
+    model = reload_in_release_layout(model)
     return model, processor, stops, LLAVA_OV_QWEN2_TOKENS + LLAVA_OV_MEDIA_TOKENS + FORMAT_TAGS
-
-
-def _in_release_layout(model: Any) -> Any:
-    """The same model, reloaded from a checkpoint in the released key layout (``vision_tower.vision_model.*``), so
-    that its ``save_pretrained`` writes that layout too.
-
-    transformers 5 keeps SigLIP without its ``vision_model`` level and maps the released names onto it when loading
-    (and back when saving a model it loaded); a model made with ``from_config`` saves ``vision_tower.embeddings...``,
-    which vLLM's LLaVA-OneVision cannot load ("There is no module or parameter named 'vision_tower.embeddings'")."""
-    import re
-    import tempfile
-    from pathlib import Path
-
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoModelForImageTextToText
-
-    generation_config = model.generation_config
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp)
-        for f in Path(tmp).glob("*.safetensors"):
-            state = load_file(f)
-            renamed = {
-                re.sub(r"^((?:model\.)?vision_tower\.)(?!vision_model\.)", r"\1vision_model.", k): v
-                for k, v in state.items()
-            }
-            save_file(renamed, f, metadata={"format": "pt"})
-        reloaded = AutoModelForImageTextToText.from_pretrained(tmp)
-    reloaded.generation_config = generation_config
-    return reloaded.train(model.training)
 
 
 BUILDERS = {"internvl": build_internvl, "llava_onevision": build_llava_onevision}

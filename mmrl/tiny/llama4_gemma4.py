@@ -35,7 +35,7 @@ files).
 What is real: the processors' geometry (tile rule, patch, pixel shuffle, pooling, soft-token budgets), the special
 token strings in their real relative order (reserved/unused placeholders between them are left out), the tokenizer
 classes and pipelines, and the templates' structure. What is scaled down: widths and depths (text hidden 64, two
-layers; vision hidden 32, two layers), the vocabulary (the BPE of :func:`mmrl.tiny.qwen2_5_vl.tokenizer_corpus`), Llama 4's
+layers; vision hidden 32, two layers), the vocabulary (the BPE of :func:`mmrl.tiny.tokenization.tokenizer_corpus`), Llama 4's
 tile (56 px instead of 336: 4x4 patches, 4 tokens a tile), Gemma 4's image budget (70 soft tokens, the smallest the
 processor accepts; the release default is 280) and its vision position table (512 positions a side instead of
 10240, enough for a patch grid up to 8192 px a side). Text attention heads are 32 wide (global Gemma 4 layers 64):
@@ -75,8 +75,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AddedToken, GenerationConfig
 
-from mmrl.tiny.qwen2_5_vl import train_tokenizer
-from mmrl.tiny.families import GEMMA_CONTROL, GEMMA_IMAGE, train_gemma_tokenizer
+from mmrl.tiny.tokenization import GEMMA_CONTROL, GEMMA_IMAGE, train_gemma_tokenizer, train_tokenizer
 
 # ------------------------------------------------------------------------------------------------------- Llama 4 --
 
@@ -195,7 +194,7 @@ def _bpe_of(tokenizer: Any) -> tuple[dict[str, int], list[tuple[str, str]]]:
 
 
 def train_llama4_tokenizer() -> Any:
-    """Byte-level BPE over :func:`mmrl.tiny.qwen2_5_vl.tokenizer_corpus` (trained by :func:`mmrl.tiny.qwen2_5_vl.train_tokenizer` with Llama
+    """Byte-level BPE over :func:`mmrl.tiny.tokenization.tokenizer_corpus` (trained by :func:`mmrl.tiny.tokenization.train_tokenizer` with Llama
     4's split regex), wrapped as the released tokenizer is: ``PreTrainedTokenizerFast`` with Llama 4's special tokens
     after the BPE vocabulary and a post-processor that adds ``<|begin_of_text|>``."""
     from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
@@ -403,7 +402,7 @@ GEMMA4_VISION = {
 
 
 def train_gemma4_tokenizer() -> Any:
-    """Gemma's tokenizer pipeline (:func:`mmrl.tiny.families.train_gemma_tokenizer`'s BPE, byte fallback and
+    """Gemma's tokenizer pipeline (:func:`mmrl.tiny.tokenization.train_gemma_tokenizer`'s BPE, byte fallback and
     ``<bos>`` on encoding) with Gemma 4's special tokens: control tokens, byte tokens, the BPE pieces, then the
     media tokens, as in the released vocabulary."""
     from transformers import GemmaTokenizer

@@ -13,7 +13,7 @@ that synthetic vocabulary; they are not medical models.
   candidates are also perturbed the way a policy's answers are (capitalised, a full stop, a ``<modality>`` prefix
   now and then, a neutral filler word); training pairs never use a held-apart template or term, the held-apart
   evaluation pairs (their own seed) always do, in every candidate but the degenerate ones.
-- **Tokenizer.** Byte-level BPE (:func:`mmrl.tiny.qwen2_5_vl.train_bpe`, Qwen2's pipeline) over the training vocabulary, the
+- **Tokenizer.** Byte-level BPE (:func:`mmrl.tiny.tokenization.train_bpe`, Qwen2's pipeline) over the training vocabulary, the
   judge prompt and the filler words, so any text tokenizes; ``<|endoftext|>`` (pad), ``<|im_start|>``,
   ``<|im_end|>`` (eos) and a Qwen-style chat template without a system turn. The encoder's copy appends
   ``<|endoftext|>`` to every text (as Qwen-based embedders do), so that an empty answer still has a token to pool.
@@ -60,7 +60,7 @@ from transformers import (
 
 from mmrl.recipes.medvqa import language
 from mmrl.rewards.judge import DEFAULT_TEMPLATE
-from mmrl.tiny.qwen2_5_vl import DOMAIN_WORDS, train_bpe
+from mmrl.tiny.tokenization import DOMAIN_WORDS, train_bpe
 
 JUDGE_DIR, ENCODER_DIR = "tiny-judge", "tiny-encoder"
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -124,7 +124,7 @@ def _words(texts: list[str]) -> set[str]:
 
 
 def filler_words() -> list[str]:
-    """Neutral English and vision words (from :data:`mmrl.tiny.qwen2_5_vl.DOMAIN_WORDS`) that a policy's answer may add around
+    """Neutral English and vision words (from :data:`mmrl.tiny.tokenization.DOMAIN_WORDS`) that a policy's answer may add around
     its findings: no word of a term (so the oracle's reading never changes), no negation, and no word that only the
     held-apart templates and terms use. The training templates' own words ("is", "in", "with") stay in, so that
     they alone do not signal a lesion."""
@@ -553,7 +553,7 @@ CPU without any download.
 
 - architecture: `{arch_class}`, {arch}, vocab {vocab}, float32 safetensors
 - parameters: {n_params:,}
-- tokenizer: byte-level BPE (`mmrl.tiny.qwen2_5_vl.train_bpe`, Qwen2's pipeline, target {bpe} incl. the 256 bytes) over the
+- tokenizer: byte-level BPE (`mmrl.tiny.tokenization.train_bpe`, Qwen2's pipeline, target {bpe} incl. the 256 bytes) over the
   recipe's training vocabulary, the judge prompt and filler words; `<|endoftext|>` (pad), `<|im_start|>`,
   `<|im_end|>`{tok_note}
 
