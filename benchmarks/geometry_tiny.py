@@ -1,4 +1,4 @@
-"""The geometry recipe's two tiny variants over seeds: MSSR (``recipes/geometry/tiny-mssr.yaml``, ALGORITHMS.md §2)
+"""The geometry recipe's two tiny variants over seeds: MSSR (``recipes/geometry/tiny-mssr.yaml``, docs/algorithms.md#mssr)
 and GRPO + VADE (``recipes/geometry/tiny-vade.yaml``, §1 and §3), each from the shipped warm start
 (``assets/geometry-sft``) at the same 128 rollouts per step (128 prompts x 1 response vs 16 prompts x 8).
 

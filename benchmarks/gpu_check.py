@@ -183,7 +183,9 @@ def main() -> None:
     res["missing_dependencies"] = missing = missing_dependencies()
     if missing:
         print(f"pre-flight: mmrl's dependencies not installed here: {', '.join(missing)}", flush=True)
-    pre = subprocess.run([py, "-c", "import mmrl.train.trainer"], capture_output=True, text=True, cwd=ROOT, env=env)
+    pre = subprocess.run(
+        [py, "-c", "import mmrl.train.trainer"], capture_output=True, text=True, cwd=ROOT, env=env
+    )
     if pre.returncode:
         res["preflight"] = {"rc": pre.returncode, "tail": pre.stderr[-3000:]}
         save()

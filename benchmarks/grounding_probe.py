@@ -4,7 +4,7 @@ recipes did not learn from the tiny Qwen2.5-VL.)
 Supervised, single-turn, from the base checkpoint: a scene of the zoom recipe's world (``recipes/zoom/data.py``)
 and one of two questions with four answers each, written as the model would write them:
 - ``where``: the quadrant that holds the red box, as the zoom call on it (``zoom(0, 0, 500, 500)`` ... in the
-  model's own coordinate frame, from :mod:`mmrl.model.families`), the decision a zoom or a click needs;
+  model's own coordinate frame, from :mod:`mmrl.model.geometry`), the decision a zoom or a click needs;
 - ``colour``: the colour of the dot in the red box (green, blue, yellow, white), on the whole scene (``--view
   scene``) or on the crop of the box's quadrant (``--view quadrant``), what the zoom's crop is for.
 
@@ -32,7 +32,7 @@ from PIL import Image
 from probe_loop import train_probe, training_options
 
 from mmrl.config import ModelConfig
-from mmrl.model.families import ModelView
+from mmrl.model.checkpoint_files import ModelView
 from mmrl.model.policy import Policy
 from mmrl.recipes.zoom.data import MARK, MARK_COLOURS, make_marks_image
 from mmrl.types import Sample

@@ -79,9 +79,9 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from mmrl.config import load_config  # noqa: E402
-from mmrl.run.metrics import read_metrics  # noqa: E402
 from mmrl.recipes.shapes.data import build  # noqa: E402
 from mmrl.rewards.text import answer_text, normalize_text  # noqa: E402
+from mmrl.run.metrics import read_metrics  # noqa: E402
 from mmrl.train.trainer import Trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

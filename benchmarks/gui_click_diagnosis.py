@@ -104,8 +104,8 @@ def analyse(sample: Any, ri: Any, result: Any) -> dict[str, Any]:
 
 def run(engine: Any, reward: Any, policy: Any, samples: list[Any], temperature: float, n: int, max_new: int):
     """``[prompt][sample]`` analyses and completions at one temperature (0 = greedy)."""
-    from mmrl.train.collect import reward_inputs
     from mmrl.rollout import SamplingParams
+    from mmrl.train.collect import reward_inputs
 
     prompts = [policy.encode(s) for s in samples]
     groups = engine.generate(prompts, SamplingParams(n=n, temperature=temperature, max_new_tokens=max_new))

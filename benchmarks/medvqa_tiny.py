@@ -1,5 +1,5 @@
 """The medvqa tiny recipe over seeds: does GRPO with MediX-R1's composite reward (a judge model and an encoder,
-ALGORITHMS.md §4) raise the held-out reward and the true accuracy from the shipped warm start
+docs/rewards.md#domain-rewards) raise the held-out reward and the true accuracy from the shipped warm start
 (``assets/medvqa-sft``)? (``recipes/medvqa/tiny.yaml``.)
 
 Each run is the recipe unchanged but for ``train.seed`` (and, with ``--steps``, its length). Per seed it prints,

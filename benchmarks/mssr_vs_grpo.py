@@ -1,4 +1,4 @@
-"""MSSR vs GRPO at equal rollout budgets on the shapes tiny recipe (ALGORITHMS.md §2: the paper's sample-efficiency
+"""MSSR vs GRPO at equal rollout budgets on the shapes tiny recipe (docs/algorithms.md#mssr: the paper's sample-efficiency
 claim and its shaping ablation).
 
 Every run starts from the recipe's shipped warm start (``recipes/shapes/tiny.yaml``, ``assets/shapes-sft``) and

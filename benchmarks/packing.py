@@ -105,8 +105,8 @@ def build_qwen3_5(out: Path, width: int, layers: int) -> Path:
 
 
 def make_batch(policy, rng: np.random.Generator, tmp: Path, prompts: int, G: int):
-    from mmrl.types import Sample
     from mmrl.train.update import RolloutBatch
+    from mmrl.types import Sample
 
     words = "the red circle left of a blue square above green triangle shape colour table cell".split()
     suppressed = set(policy.suppressed_token_ids) | set(policy.eos_ids) | {policy.pad_id}

@@ -4,7 +4,7 @@ agent recipe did not learn.) The panel counterpart of ``grounding_probe.py``.
 Supervised, single-turn, from ``--model``: a screen of a ``panel`` app (:mod:`mmrl.recipes.gui_agent.apps`) drawn
 by the ``browser_app`` env in the sandboxed Chromium, the task's prompt (``PROMPT`` of
 :mod:`mmrl.recipes.gui_agent.data`), and as the answer the oracle's next click written as the model writes it (its
-own coordinate frame, :mod:`mmrl.model.families`). ``--at first``: the first screen; ``--at any``: the screen after a
+own coordinate frame, :mod:`mmrl.model.geometry`). ``--at first``: the first screen; ``--at any``: the screen after a
 random number of the oracle's presses (the header's trail then says how far the task is). The model trains on
 ``--n`` records (AdamW, batch 32) and is scored every 100 steps on 200 held-out apps by picking the likeliest of the
 screen's candidate clicks (the centre of every tile and of Done, measured in the page): chance is 1 / (tiles + 1),
@@ -26,7 +26,7 @@ from probe_loop import train_probe, training_options
 
 from mmrl.config import ModelConfig
 from mmrl.envs.browser import _MEASURE_JS, BrowserAppEnv, action_response, close_shared_browser
-from mmrl.model.families import ModelView
+from mmrl.model.checkpoint_files import ModelView
 from mmrl.model.policy import Policy
 from mmrl.recipes.gui_agent.apps import COLOURS
 from mmrl.recipes.gui_agent.data import PROMPT, VIEWPORT

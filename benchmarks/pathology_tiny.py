@@ -1,5 +1,5 @@
 """The pathology tiny recipe over seeds: does GRPO from the shipped warm start (``assets/pathology-sft``) raise the
-held-out reward? (``recipes/pathology/tiny.yaml``; ALGORITHMS.md §1 GRPO, §4 the pathology reward.)
+held-out reward? (``recipes/pathology/tiny.yaml``; docs/algorithms.md#grpo-family GRPO, docs/rewards.md#domain-rewards the pathology reward.)
 
 Each run is the recipe unchanged but for ``train.seed`` (and, with ``--steps``, its length), on the recipe's own
 data (``recipes/pathology/data/tiny``, built on first use). Per seed it prints the greedy held-out reward before

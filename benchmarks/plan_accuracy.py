@@ -297,8 +297,8 @@ def measure(args: argparse.Namespace, checkpointing: bool, real: bool = False) -
 
 def _step(args: argparse.Namespace, cfg: Any, policy: Any, ref: Any, modes: Any) -> dict[str, Any]:
     from mmrl.train.trainer import build_scheduler
-    from mmrl.types import Sample
     from mmrl.train.update import PolicyUpdate, RolloutBatch
+    from mmrl.types import Sample
 
     sample = Sample(
         "m", [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Describe."}]}]
@@ -392,7 +392,8 @@ COMPONENTS = (
 def planned(args: argparse.Namespace, checkpointing: bool, measured: dict[str, Any]) -> dict[str, float]:
     """The planner's numbers for the measured run (its prompt length set to the measured one): the rows ``mmrl plan``
     prints for the update stage, and the activation peaks it takes the maximum of."""
-    from mmrl.plan import memory, planner as plan
+    from mmrl.plan import memory
+    from mmrl.plan import planner as plan
 
     cfg = _run_config(args, checkpointing)
     cfg.model.path = str(ARCHS[args.arch])

@@ -30,7 +30,6 @@ def heldout_parts(cfg: Any, model_path: str | Path) -> dict[str, float]:
     """Greedy answers of ``model_path`` to the run's held-out records, scored part by part by the run's reward."""
     import torch
 
-    from mmrl.train.collect import reward_inputs
     from mmrl.data import load_split
     from mmrl.eval.runner import make_engine
     from mmrl.model.policy import Policy
@@ -39,6 +38,7 @@ def heldout_parts(cfg: Any, model_path: str | Path) -> dict[str, float]:
     from mmrl.rewards.latex_table_html import LatexTableParseError, latex_to_html
     from mmrl.rewards.teds import teds
     from mmrl.rollout import SamplingParams
+    from mmrl.train.collect import reward_inputs
 
     samples = load_split(cfg.data, cfg.data.eval, None)[: cfg.eval.max_samples]
     policy = Policy.from_pretrained(replace(cfg.model, path=str(model_path)))

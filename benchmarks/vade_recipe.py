@@ -1,4 +1,4 @@
-"""VADE vs uniform prompt sampling on the shapes tiny recipe at equal rollouts (ALGORITHMS.md §3: the claim that VADE
+"""VADE vs uniform prompt sampling on the shapes tiny recipe at equal rollouts (docs/algorithms.md#vade: the claim that VADE
 keeps more groups informative than uniform sampling, at no extra rollout cost, and that this helps accuracy).
 
 Both arms start from the recipe's shipped warm start (``recipes/shapes/tiny.yaml``, ``assets/shapes-sft``) and run the

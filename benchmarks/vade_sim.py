@@ -1,4 +1,4 @@
-"""Simulated prompt selection: uniform sampling, DAPO-style filtering and VADE (ALGORITHMS.md §3) at equal rollout
+"""Simulated prompt selection: uniform sampling, DAPO-style filtering and VADE (docs/algorithms.md#vade) at equal rollout
 budgets, plus VADE's selection time over a 1,000,000-record pool.
 
 The stand-in policy: record i succeeds with hidden probability sigmoid(skill - d_i), difficulties d_i ~ N(0, spread),

@@ -31,8 +31,8 @@ def _exit_cleanly_on_sigterm() -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from mmrl.train.checks import check_rewards
     from mmrl.config import load_config
+    from mmrl.train.checks import check_rewards
 
     overrides = list(args.overrides)
     if args.max_steps is not None:
@@ -160,8 +160,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from mmrl.presets import PRESETS
     from mmrl.rewards.base import REWARDS
     from mmrl.rollout import ENGINES
-    from mmrl.samplers import SAMPLERS
     from mmrl.run.trackers import TRACKERS
+    from mmrl.samplers import SAMPLERS
 
     rows = {
         "presets (algo.preset)": sorted(PRESETS),

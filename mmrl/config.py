@@ -35,7 +35,7 @@ class LoraConfig:
     dropout: float = opt("dropout on the LoRA branch's input (all other dropout stays off)", 0.0)
     target_modules: list[str] | str = opt(
         "module names (or one regex) that get adapters; 'auto': every Linear of the language model, read from the "
-        "checkpoint's module names (mmrl.model.families.lora_targets)",
+        "checkpoint's module names (mmrl.model.layout.lora_targets)",
         "auto",
     )
     vision: bool = opt(
@@ -71,7 +71,7 @@ class ModelConfig:
     coordinate_frame: Literal["model_pixels", "relative_1000", "relative_1", "original_pixels"] | None = opt(
         "frame the model writes points and boxes in, for grounding rewards and scorers: model_pixels (the resized "
         "image), relative_1000 (0-1000 of width and height), relative_1 (0-1) or original_pixels; None = the "
-        "family's own (mmrl.model.families.COORDINATE_FRAMES)",
+        "family's own (mmrl.processors.geometry.COORDINATE_FRAMES)",
         None,
     )
     chat_template_kwargs: dict[str, Any] = opt(
@@ -98,7 +98,7 @@ class ModelConfig:
     )
     packing: bool = opt(
         "score a micro-batch as one packed row without padding (positions restart per sequence, M-RoPE included; "
-        "each sequence attended alone) where the family and the attention support it (mmrl.model.families."
+        "each sequence attended alone) where the family and the attention support it (mmrl.model.geometry."
         "packing_support, a varlen attn_implementation); false: left/right-padded rows",
         True,
     )
@@ -238,7 +238,7 @@ class OptimConfig:
 
 @dataclass
 class SamplerConfig:
-    name: str = opt("prompt sampler (registered): uniform, vade (ALGORITHMS.md §3)", "uniform")
+    name: str = opt("prompt sampler (registered): uniform, vade (docs/algorithms.md#vade)", "uniform")
     options: dict[str, Any] = opt("sampler options", factory=dict)
 
 
@@ -285,7 +285,9 @@ class TrainConfig:
         "options by tracker, e.g. {wandb: {project: p, mode: online}, mlflow: {tracking_uri: http://host:5000}}",
         factory=dict,
     )
-    progress: bool = opt("show a rich progress bar", True)
+    progress: bool = opt(
+        "show progress: a bar on a terminal, a plain line every few steps in a log file", True
+    )
     reward_workers: int = opt("worker processes for heavy (rendering) rewards", 2)
     reward_timeout_s: float = opt("per-item timeout of a heavy reward", 30.0)
     overlap_rewards: bool = opt(

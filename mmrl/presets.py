@@ -1,6 +1,6 @@
 """Algorithm presets: ``algo.preset: NAME`` applies these fields. Written in a recipe, the preset lies under the
 recipe's own fields; named on the command line, over them; other command-line overrides win over both. Values are
-the papers' (ALGORITHMS.md §1, §2), except where noted.
+the papers' (docs/algorithms.md#grpo-family, docs/algorithms.md#mssr), except where noted.
 
 - ``grpo`` (DeepSeekMath): group z-score advantages, clip 0.2, seq-mean-token-mean, k3 KL in the loss with
   beta 0.04. The paper sampled G = 64; the preset uses G = 8, the GRPO baseline of the MSSR paper and within the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,8 +42,8 @@ class RewardInput:
     ``images`` holds the sample's image paths (or PIL images when built in memory); ``metadata`` is the sample's
     metadata plus, when the trainer knows them, ``image_sizes`` (original ``[w, h]`` per image) and
     ``model_image_sizes`` (the ``[w, h]`` the model saw after ``smart_resize``) and ``coordinate_frame`` (the
-    :mod:`mmrl.model.families` frame the model writes points in: ``model_pixels``, ``relative_1000``, ``relative_1`` or
-    ``original_pixels``), which grounding rewards use with :func:`mmrl.model.families.frame_to_original` to map points
+    :mod:`mmrl.model.geometry` frame the model writes points in: ``model_pixels``, ``relative_1000``, ``relative_1`` or
+    ``original_pixels``), which grounding rewards use with :func:`mmrl.processors.geometry.frame_to_original` to map points
     back to original pixels. ``response`` starts with what the chat template already wrote of it (an opened
     ``<think>`` block of a thinking model's generation prompt), so format checks see the whole answer.
     """
@@ -70,3 +71,8 @@ class RewardResult:
         if self.error is not None:
             out["error"] = self.error
         return out
+
+
+def render_stem(sample_id: str) -> str:
+    """The file-name stem of a sample's renders (``metadata["render_dir"]``; also how the run report finds them)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", sample_id)[:100] or "sample"

@@ -10,6 +10,7 @@ pixel coordinates; GUI rewards map those back with :func:`model_to_original`. Th
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 IMAGE_FACTOR = 28
 MIN_PIXELS = 4 * 28 * 28
@@ -65,3 +66,72 @@ def original_to_model(
     """Map a point from original pixels to model-input pixels. Sizes are ``(width, height)``."""
     (ow, oh), (mw, mh) = original_size, model_size
     return x * mw / ow, y * mh / oh
+
+
+CoordinateFrame = Literal["model_pixels", "relative_1000", "relative_1", "original_pixels"]
+
+
+FRAMES: tuple[str, ...] = ("model_pixels", "relative_1000", "relative_1", "original_pixels")
+
+
+RELATIVE_SCALE = 1000.0
+
+
+# the scale of each relative frame: a coordinate is this fraction-times-scale of the image's width or height
+RELATIVE = {"relative_1000": RELATIVE_SCALE, "relative_1": 1.0}
+
+
+# families missing from the table below take this frame (an assumption; see the module docstring)
+DEFAULT_FRAME = "model_pixels"
+
+
+# the frame each family's release answers in, by the checkpoint's config.json ``model_type`` (no config says it)
+COORDINATE_FRAMES: dict[str, str] = {
+    "qwen2_vl": "relative_1000",
+    "qwen2_5_vl": "model_pixels",
+    "qwen3_vl": "relative_1000",
+    "qwen3_vl_moe": "relative_1000",
+    "qwen3_5": "relative_1000",
+    "qwen3_5_moe": "relative_1000",
+    "glm4v": "relative_1000",
+    "glm4v_moe": "relative_1000",
+    "internvl": "relative_1000",
+    "llava_onevision": "relative_1",
+}
+
+
+def coordinate_frame(model_type: str | None, override: str | None = None) -> str:
+    """The frame a checkpoint of ``model_type`` answers in: ``override`` (``model.coordinate_frame``) when given,
+    else :data:`COORDINATE_FRAMES`, else :data:`DEFAULT_FRAME`."""
+    if override is not None:
+        if override not in FRAMES:
+            raise ValueError(f"coordinate frame must be one of {', '.join(FRAMES)}, got {override!r}")
+        return override
+    return COORDINATE_FRAMES.get(model_type or "", DEFAULT_FRAME)
+
+
+def frame_to_original(
+    x: float, y: float, frame: str, original_size: tuple[int, int], model_size: tuple[int, int]
+) -> tuple[float, float]:
+    """A point in ``frame`` as original-image pixels; sizes are ``(width, height)`` (``model_size`` is what the
+    model saw, used by ``model_pixels`` only)."""
+    if frame == "model_pixels":
+        return model_to_original(x, y, original_size, model_size)
+    if frame in RELATIVE:
+        return x * original_size[0] / RELATIVE[frame], y * original_size[1] / RELATIVE[frame]
+    if frame == "original_pixels":
+        return float(x), float(y)
+    raise ValueError(f"unknown coordinate frame {frame!r} (one of {', '.join(FRAMES)})")
+
+
+def original_to_frame(
+    x: float, y: float, frame: str, original_size: tuple[int, int], model_size: tuple[int, int]
+) -> tuple[float, float]:
+    """The inverse of :func:`frame_to_original`: original-image pixels as a point in ``frame``."""
+    if frame == "model_pixels":
+        return original_to_model(x, y, original_size, model_size)
+    if frame in RELATIVE:
+        return x * RELATIVE[frame] / original_size[0], y * RELATIVE[frame] / original_size[1]
+    if frame == "original_pixels":
+        return float(x), float(y)
+    raise ValueError(f"unknown coordinate frame {frame!r} (one of {', '.join(FRAMES)})")

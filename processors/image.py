@@ -21,7 +21,7 @@ Departures and choices, each on purpose:
 
 :func:`prepare_image` resizes to the model's grid and returns an :class:`ImageGeometry` that maps points and boxes
 between original and model pixels. The grid is a parameter, read by the policy from the checkpoint's processor
-(:mod:`mmrl.model.families`): for a dynamic-resolution tower, :func:`mmrl.processors.geometry.smart_resize` with the side
+(:mod:`mmrl.model.geometry`): for a dynamic-resolution tower, :func:`mmrl.processors.geometry.smart_resize` with the side
 multiple ``factor`` (patch x merge: 28 for Qwen2/2.5-VL, the default here; 32 for Qwen3-VL and Qwen3.5); for a
 fixed-size tower (Gemma 3's SigLIP), a stretch to ``fixed_size``. Either way the resize is a per-axis stretch, so the
 mapping is a per-axis scale and exact. Resampling is bicubic by default (PIL's default for ``Image.resize``, which
@@ -259,3 +259,11 @@ def prepare_image(
     if (model_w, model_h) != (w, h):
         rgb = rgb.resize((model_w, model_h), resample)
     return rgb, ImageGeometry(original_size=(w, h), model_size=(model_w, model_h))
+
+
+def thumbnail(img: Image.Image, side: int) -> tuple[Image.Image, float]:
+    """An RGB copy of ``img`` whose longest side is at most ``side`` pixels, and the scale applied (1.0: unchanged)."""
+    scale = min(1.0, side / max(img.size))
+    if scale < 1.0:
+        img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))))
+    return img.convert("RGB"), scale

@@ -1,7 +1,7 @@
 """Read a video file into the stack of RGB frames a Qwen-style video tower takes (Qwen2/2.5-VL, Qwen3-VL, Qwen3.5).
 
 The model's geometry is a parameter, read by the policy from the checkpoint's video processor
-(:mod:`mmrl.model.families`): ``factor``, the side multiple (patch x merge: 28 for Qwen2/2.5-VL, the default; 32 for
+(:mod:`mmrl.model.geometry`): ``factor``, the side multiple (patch x merge: 28 for Qwen2/2.5-VL, the default; 32 for
 Qwen3-VL and Qwen3.5), and ``temporal_patch``, the frames per temporal patch (2 for all of them, the default).
 
 Frame selection follows ``qwen_vl_utils.vision_process.smart_nframes`` and its ``linspace(...).round()`` indexing:

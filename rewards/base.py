@@ -48,6 +48,11 @@ class RewardSpec:
     # Pre-flight check of the options beyond their names and kinds (a model folder that must exist, nested options
     # of a preset); raises ValueError naming the option and the fix. Runs wherever options are validated.
     check: Callable[[dict[str, Any]], None] | None = None
+    # What the reward judged, drawn on the input image for the run report's gallery: "module:function", imported when
+    # a report is drawn; the function takes (image, row, response, view) (``row``: the group's rollouts.jsonl row with
+    # ``answer``, ``id`` and ``metadata``; ``view``: :class:`mmrl.model.checkpoint_files.ModelView`) and returns
+    # (image, caption) or None when the row is not one it can draw.
+    overlay: str | None = None
 
 
 REWARDS: Registry[RewardSpec] = Registry("reward")
@@ -59,13 +64,26 @@ _USER_MODULE_PREFIX = "mmrl_user_reward_"
 
 
 def register_reward(
-    name: str, *, heavy: bool = False, check: Callable[[dict[str, Any]], None] | None = None
+    name: str,
+    *,
+    heavy: bool = False,
+    check: Callable[[dict[str, Any]], None] | None = None,
+    overlay: str | None = None,
 ) -> Callable[[RewardFn], RewardFn]:
     def deco(fn: RewardFn) -> RewardFn:
-        REWARDS.register(name)(RewardSpec(name=name, fn=fn, heavy=heavy, check=check))
+        REWARDS.register(name)(RewardSpec(name=name, fn=fn, heavy=heavy, check=check, overlay=overlay))
         return fn
 
     return deco
+
+
+def reward_overlay(name: str) -> Callable[..., Any] | None:
+    """The report overlay a registered reward declared (:attr:`RewardSpec.overlay`), imported; None when the reward
+    declares none or is not registered (a reward loaded from a user's file)."""
+    if name not in REWARDS.names() or REWARDS.get(name).overlay is None:
+        return None
+    module, _, fn = REWARDS.get(name).overlay.partition(":")
+    return getattr(importlib.import_module(module), fn)
 
 
 def load_reward(spec: str) -> RewardSpec:

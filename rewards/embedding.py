@@ -1,5 +1,5 @@
 """``embedding_similarity``: cosine similarity of the answer's and the reference's embeddings from a local encoder
-(MediX-R1's semantic reward, ALGORITHMS.md §4: it accepts paraphrases and terminology variants a string rule misses).
+(MediX-R1's semantic reward, docs/rewards.md#domain-rewards: it accepts paraphrases and terminology variants a string rule misses).
 
 The encoder is a local folder, either
 - a sentence-transformers model (``modules.json``): its Transformer module's folder, its ``1_Pooling`` mode (mean,

@@ -1,5 +1,5 @@
 """General-purpose rewards: format, math equivalence, multiple choice, exact match, DAPO overlong shaping, and the
-backward correction for noisy verifiers (ALGORITHMS.md §1 and §4).
+backward correction for noisy verifiers (docs/algorithms.md#grpo-family and §4).
 
 - ``format_think_answer``: 1 when the response is exactly ``<think>...</think>`` then ``<answer>...</answer>`` (only
   whitespace around and between); with ``require_think=False`` a bare ``<answer>...</answer>`` also passes.

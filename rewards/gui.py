@@ -1,4 +1,4 @@
-"""GUI action reward (ALGORITHMS.md §4): UI-R1 and GUI-R1 scoring of one predicted action.
+"""GUI action reward (docs/rewards.md#domain-rewards): UI-R1 and GUI-R1 scoring of one predicted action.
 
 Accepted answers, inside ``<answer>...</answer>`` after ``<think>...</think>``, as a Python literal or JSON (single or
 double quotes), a list of actions or one action dict; the first action is scored:
@@ -13,9 +13,9 @@ Reference (``RewardInput.reference``, a dict or its JSON string), in ORIGINAL im
 keys are accepted too: ``gt_bbox`` (2 numbers = point, 4 = box) and ``input_text`` (``"no input text"`` = none).
 
 The model answers in its family's coordinate frame, ``metadata["coordinate_frame"]`` (set by the collector from the
-policy, :mod:`mmrl.model.families`: ``model_pixels`` for Qwen2.5-VL, ``relative_1000`` for Qwen3-VL and Qwen3.5,
+policy, :mod:`mmrl.model.geometry`: ``model_pixels`` for Qwen2.5-VL, ``relative_1000`` for Qwen3-VL and Qwen3.5,
 ``original_pixels``; ``model_pixels`` when absent); points are mapped to original pixels with
-:func:`mmrl.model.families.frame_to_original` using ``metadata["image_sizes"][0]`` (original ``[w, h]``) and
+:func:`mmrl.processors.geometry.frame_to_original` using ``metadata["image_sizes"][0]`` (original ``[w, h]``) and
 ``metadata["model_image_sizes"][0]`` (model ``[w, h]``). Without those two the mapping is the identity (a warning is
 logged once): give them whenever the model saw a resized image.
 
@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mmrl.model.families import DEFAULT_FRAME, frame_to_original
+from mmrl.processors.geometry import DEFAULT_FRAME, frame_to_original
 from mmrl.rewards.base import register_reward
 from mmrl.rewards.text import extract_answer, is_think_answer, token_f1
 from mmrl.types import RewardInput, RewardResult
@@ -186,7 +186,7 @@ def score_action(x: RewardInput, scheme: str, point_radius: float, text_f1_thres
     return RewardResult(score=0.8 * parts["accuracy"] + 0.2 * parts["format"], parts=parts)
 
 
-@register_reward("gui_action")
+@register_reward("gui_action", overlay="mmrl.rewards.gui_view:overlay")
 def gui_action(
     batch: list[RewardInput],
     *,

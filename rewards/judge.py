@@ -1,4 +1,4 @@
-"""``judge``: a reference-based LLM judge run by a local model (MediX-R1's accuracy reward, ALGORITHMS.md §4).
+"""``judge``: a reference-based LLM judge run by a local model (MediX-R1's accuracy reward, docs/rewards.md#domain-rewards).
 
 The judge reads one user turn made from ``template`` (fields ``{question}``, ``{reference}``, ``{response}``; the
 default :data:`DEFAULT_TEMPLATE` asks for YES or NO) through its own chat template, and answers greedily in at most

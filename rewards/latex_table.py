@@ -1,4 +1,4 @@
-"""Table image -> LaTeX reward (Table2LaTeX-RL, ALGORITHMS.md §4) and the plain HTML ``teds`` reward.
+"""Table image -> LaTeX reward (Table2LaTeX-RL, docs/rewards.md#domain-rewards) and the plain HTML ``teds`` reward.
 
 ``latex_table`` scores a response holding a LaTeX table against the reference LaTeX table:
 
@@ -58,7 +58,7 @@ from mmrl.rewards.latex_table_html import LatexTableParseError, html_to_latex, l
 from mmrl.rewards.sandbox import RenderResult, SandboxUnavailableError, render_latex
 from mmrl.rewards.ssim import CwSsimReference, cw_ssim, haar_ssim
 from mmrl.rewards.teds import teds
-from mmrl.types import RewardInput, RewardResult
+from mmrl.types import RewardInput, RewardResult, render_stem
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.S)
@@ -237,11 +237,6 @@ def latex_table(
             )
         out.append(scored[(pred, ref[0])])
     return out
-
-
-def render_stem(sample_id: str) -> str:
-    """The file-name stem of a sample's renders (also how the run report finds them)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", sample_id)[:100] or "sample"
 
 
 def save_renders(folder: Path, sample_id: str, pred: RenderResult, ref: RenderResult) -> None:

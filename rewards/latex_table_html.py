@@ -1,4 +1,4 @@
-"""LaTeX tabular <-> HTML table, for the structure part of the table reward (ALGORITHMS.md §4).
+"""LaTeX tabular <-> HTML table, for the structure part of the table reward (docs/rewards.md#domain-rewards).
 
 ``latex_to_html(latex)`` converts the FIRST ``tabular``, ``tabular*``, ``tabularx``, ``tabulary``, ``longtable`` or
 ``array`` environment to ``<table>`` with one ``<tr>`` per row and one ``<td>`` per cell, which ``teds`` then scores.

@@ -1,4 +1,4 @@
-"""MediX-R1's composite reward for open-ended medical answers (ALGORITHMS.md §4) and its modality-tag reward.
+"""MediX-R1's composite reward for open-ended medical answers (docs/rewards.md#domain-rewards) and its modality-tag reward.
 
 ``medix`` = ``0.9 * (0.575 * judge + 0.375 * embedding + 0.05 * modality) + 0.1 * format`` with the paper's
 weights as defaults (``judge_weight``, ``embedding_weight``, ``modality_weight``, ``accuracy_weight``,

@@ -1,4 +1,4 @@
-"""Pathology VQA reward with an optional region term (ALGORITHMS.md §4: Patho-R1 does not publish its reward
+"""Pathology VQA reward with an optional region term (docs/rewards.md#domain-rewards: Patho-R1 does not publish its reward
 details, so this is our own design on its <think>/<answer> format).
 
 Question type: ``metadata["question_type"]`` in {"yes_no", "multiple_choice", "open"}; when absent it is inferred:
@@ -16,7 +16,7 @@ original pixels). Accepted marks, searched in the ``<answer>`` content (the whol
 ``<box>[x1, y1, x2, y2]</box>`` or ``<polygon>[[x, y], ...]</polygon>`` tag, else a dict answer's ``"box"`` or
 ``"polygon"`` key, e.g. ``<answer>{"answer": "tumour", "box": [10, 20, 200, 220]}</answer>``. Predicted coordinates
 are in the model's coordinate frame (``metadata["coordinate_frame"]``: model-input pixels for Qwen2.5-VL, 0-1000 for
-Qwen3-VL and Qwen3.5, :mod:`mmrl.model.families`) and are mapped to original pixels like the GUI reward
+Qwen3-VL and Qwen3.5, :mod:`mmrl.model.geometry`) and are mapped to original pixels like the GUI reward
 (``metadata["image_sizes"]`` / ``["model_image_sizes"]``; identity without them). Both shapes are rasterised with PIL ``ImageDraw.polygon`` on the
 image's pixel grid and scored by mask IoU (``region``). Only the window of the grid covering the two shapes is drawn
 (the IoU is the same, and whole-slide images stay cheap); shapes are clipped to the image when its size is known
@@ -198,7 +198,7 @@ def _score(x: RewardInput, weights: Mapping[str, float]) -> RewardResult:
     return RewardResult(score=score + answer_w * parts["answer"], parts=parts)
 
 
-@register_reward("pathology")
+@register_reward("pathology", overlay="mmrl.rewards.pathology_view:report_overlay")
 def pathology(
     batch: list[RewardInput],
     *,

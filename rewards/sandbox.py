@@ -1,5 +1,5 @@
 """Rendering sandbox for untrusted LaTeX tables: bodies -> grayscale images (pdfLaTeX + PDFium). Model outputs are
-hostile input; this module is the security boundary of the rendering rewards (ALGORITHMS.md §4, Table2LaTeX-RL
+hostile input; this module is the security boundary of the rendering rewards (docs/rewards.md#domain-rewards, Table2LaTeX-RL
 "visual"). Untrusted HTML goes to :mod:`.html_sandbox` (headless Chromium).
 
 LaTeX, :func:`render_latex`. Every body is compiled inside one fixed preamble (:data:`PREAMBLE`: ``standalone`` with

@@ -1,4 +1,4 @@
-"""Image similarity for the visual part of the table reward (ALGORITHMS.md §4): three named variants.
+"""Image similarity for the visual part of the table reward (docs/rewards.md#domain-rewards): three named variants.
 
 ``cw_ssim(a, b)`` — the complex wavelet SSIM of Wang & Simoncelli (ICASSP 2005) and Sampat et al. (IEEE TIP 2009).
 Both grayscale images (same shape, intensities in [0, 1]) are decomposed by a complex steerable pyramid built in the

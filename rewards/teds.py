@@ -1,4 +1,4 @@
-"""TEDS — tree-edit-distance similarity of two HTML tables (ALGORITHMS.md §4, table reward "structure").
+"""TEDS — tree-edit-distance similarity of two HTML tables (docs/rewards.md#domain-rewards, table reward "structure").
 
 ``teds(pred, true)`` reproduces IBM's PubTabNet metric (``src/metric.py`` of ibm-aur-nlp/PubTabNet, also shipped as
 ``table_recognition_metric.TEDS``) to floating-point rounding:

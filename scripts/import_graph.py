@@ -3,8 +3,8 @@
 Every `import` of an mmrl module counts, the ones inside functions too (a cycle hidden in a function is still a
 cycle). A module's layer is 0 when it imports no other mmrl module and otherwise one more than the highest layer it
 imports; in a cycle no layer exists, so the cycle's modules are reported instead. An import "points up" when it goes
-from a package to one of its own sub-packages' parents' siblings above it in the layout's stated order (see
-`LAYERS`). Usage: python scripts/import_graph.py [--json]
+from a package to a package of the same or a higher rank in `RANKS`, the layout's stated order (docs/development.md).
+Usage: python scripts/import_graph.py [--json] [--strict] (--strict: exit 1 on a cycle or an upward import)
 """
 
 from __future__ import annotations
@@ -19,6 +19,40 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # folder -> the import name it installs as (pyproject's package-dir mapping)
 PACKAGE_DIRS = {"mmrl": "mmrl", "processors": "mmrl.processors", "rewards": "mmrl.rewards"}
+
+
+# the layout's order, lowest first: a package imports only packages of a lower rank (the foundation modules of
+# mmrl/ itself, "core", import each other freely but nothing above them)
+RANKS = {
+    "core": 0, "processors": 0,
+    "model": 1,
+    "rewards": 2, "algos": 2,
+    "envs": 3, "samplers": 3,
+    "rollout": 4,
+    "eval": 5,
+    "run": 6,
+    "train": 7,
+    "plan": 8, "tiny": 8, "recipes": 8,
+    "cli": 9,
+}  # fmt: skip
+
+
+def package(mod: str) -> str:
+    """The layout package of an mmrl module: a sub-package's name, ``cli`` for the command line, else ``core``."""
+    parts = mod.split(".")
+    if len(parts) > 1 and parts[1] in RANKS:
+        return parts[1]
+    return "cli" if parts[1:2] in (["cli"], ["__main__"]) else "core"
+
+
+def upward(edges: list[tuple[str, str, bool]]) -> list[tuple[str, str]]:
+    """Imports from a package to one of the same or a higher rank (``core`` and ``processors`` import each other)."""
+    out = []
+    for a, b, _ in edges:
+        pa, pb = package(a), package(b)
+        if pa != pb and RANKS[pb] >= RANKS[pa] and not (RANKS[pa] == RANKS[pb] == 0):
+            out.append((a, b))
+    return sorted(set(out))
 
 
 def module_files() -> dict[str, Path]:
@@ -124,6 +158,7 @@ def layers(graph: dict[str, set[str]], in_cycle: set[str]) -> dict[str, int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--strict", action="store_true", help="exit 1 on a cycle or an upward import")
     args = ap.parse_args()
     mods = module_files()
     edges = imports(mods)
@@ -139,23 +174,36 @@ def main() -> int:
     for m, n in lay.items():
         per_layer[n].append(m)
     local = sorted({(a, b) for a, b, is_local in edges if is_local})
+    up = upward(edges)
     result = {
         "modules": len(mods),
         "layers": {n: len(per_layer[n]) for n in sorted(per_layer)},
         "cycles": cyc,
+        "upward_imports": [f"{a} -> {b}" for a, b in up],
         "function_local_imports": len([e for e in edges if e[2]]),
-        "top_level_packages": sorted({m for m in mods if m.count(".") == 1 and (mods[m].name == "__init__.py")}),
+        "top_level_packages": sorted(
+            {m for m in mods if m.count(".") == 1 and (mods[m].name == "__init__.py")}
+        ),
     }
     if args.json:
         print(json.dumps(result, indent=1))
-        return 0
+        return 1 if args.strict and (cyc or up) else 0
     print(f"modules: {result['modules']}")
     print(f"layers: {len(per_layer)} ({', '.join(f'{n}: {len(per_layer[n])}' for n in sorted(per_layer))})")
     print(f"cycles: {len(cyc)}")
     for c in cyc:
         print(f"  {len(c)} modules: {' '.join(c)}")
-    print(f"function-local imports of mmrl modules: {result['function_local_imports']} ({len(local)} distinct pairs)")
-    return 0
+    print(f"upward imports: {len(up)}")
+    for a, b in up:
+        print(f"  {a} -> {b} ({package(a)} -> {package(b)})")
+    print(
+        f"function-local imports of mmrl modules: {result['function_local_imports']} ({len(local)} distinct pairs)"
+    )
+    packages: dict[str, int] = defaultdict(int)
+    for m in mods:
+        packages[package(m)] += 1
+    print("modules per package: " + ", ".join(f"{p} {packages[p]}" for p in sorted(packages, key=RANKS.get)))
+    return 1 if args.strict and (cyc or up) else 0
 
 
 if __name__ == "__main__":

@@ -33,14 +33,18 @@ IGNORED_PREFIXES = ("time/", "sys/")
 
 
 def tiny_recipes(tree: Path) -> list[str]:
-    return sorted(str(p.relative_to(tree / "recipes").with_suffix("")) for p in (tree / "recipes").glob("*/tiny*.yaml"))
+    return sorted(
+        str(p.relative_to(tree / "recipes").with_suffix("")) for p in (tree / "recipes").glob("*/tiny*.yaml")
+    )
 
 
 def checkout(rev: str, dest: Path) -> Path:
     """The tree of ``rev`` (a git revision, or a folder taken as it is) at ``dest``."""
     if Path(rev).is_dir():
         src = Path(rev).resolve()
-        ignore = shutil.ignore_patterns(".git", ".venv*", "runs", "__pycache__", "*.egg-info", ".gpu-site", "build")
+        ignore = shutil.ignore_patterns(
+            ".git", ".venv*", "runs", "__pycache__", "*.egg-info", ".gpu-site", "build"
+        )
         shutil.copytree(src, dest, ignore=ignore, symlinks=True)
         return dest
     dest.mkdir(parents=True)
@@ -52,14 +56,35 @@ def checkout(rev: str, dest: Path) -> Path:
 def install(tree: Path, python: str, site: Path) -> None:
     """A non-editable install of ``tree`` into ``site`` (no dependencies: the interpreter has them)."""
     subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site), str(tree)],
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(tree),
+        ],
         check=True,
     )
 
 
 def run(tree: Path, site: Path, python: str, recipe: str, steps: int, sets: list[str], out: Path) -> float:
     env = dict(os.environ, PYTHONPATH=str(site), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    cmd = [python, "-m", "mmrl", "train", f"recipes/{recipe}.yaml", "--output-dir", str(out), "--max-steps", str(steps)]
+    cmd = [
+        python,
+        "-m",
+        "mmrl",
+        "train",
+        f"recipes/{recipe}.yaml",
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        str(steps),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run([*cmd, *sets], cwd=tree, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -89,7 +114,10 @@ def compare(base: list[dict], head: list[dict]) -> tuple[int, str]:
         diff = [k for k in keys if not same(a.get(k, "<absent>"), b.get(k, "<absent>"))]
         if diff:
             k = diff[0]
-            return n, f"row {i} (step {a.get('step')}): {k} {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+            return (
+                n,
+                f"row {i} (step {a.get('step')}): {k} {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}",
+            )
         n += 1
     if len(base) != len(head):
         return n, f"{len(base)} rows -> {len(head)} rows"
@@ -101,9 +129,13 @@ def main() -> int:
     ap.add_argument("--base", required=True, help="git revision (or folder) of the reference")
     ap.add_argument("--head", default=".", help="git revision or folder (default: the working tree)")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--recipes", help="comma-separated, e.g. shapes/tiny,geometry/tiny-vade (default: every tiny)")
+    ap.add_argument(
+        "--recipes", help="comma-separated, e.g. shapes/tiny,geometry/tiny-vade (default: every tiny)"
+    )
     ap.add_argument("--python", default=sys.executable)
-    ap.add_argument("--set", action="append", default=[], help="a config override for both sides (repeatable)")
+    ap.add_argument(
+        "--set", action="append", default=[], help="a config override for both sides (repeatable)"
+    )
     ap.add_argument("--keep", help="keep the trees and runs in this folder")
     args = ap.parse_args()
     work = Path(args.keep or tempfile.mkdtemp(prefix="mmrl-equality-"))
@@ -123,7 +155,9 @@ def main() -> int:
             got[name] = rows(out / "metrics.jsonl")
         n, diff = compare(got["base"], got["head"])
         failed += bool(diff)
-        print(f"{recipe:24} {len(got['base']):4d} {n:9d}  {secs['base']:6.0f}  {secs['head']:6.0f}  {diff or '-'}")
+        print(
+            f"{recipe:24} {len(got['base']):4d} {n:9d}  {secs['base']:6.0f}  {secs['head']:6.0f}  {diff or '-'}"
+        )
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0

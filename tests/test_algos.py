@@ -1,4 +1,4 @@
-"""Group-baseline and REINFORCE-family advantage estimators against values worked out by hand (ALGORITHMS.md §1)."""
+"""Group-baseline and REINFORCE-family advantage estimators against values worked out by hand (docs/algorithms.md#grpo-family)."""
 
 import math
 
@@ -52,7 +52,9 @@ def test_all_equal_rewards_give_zero_advantage():
 
 def test_group_of_one():
     r = torch.tensor([[0.7], [0.0]])
-    assert torch.equal(grpo_advantages(r), r)  # mean 0, std 1 for a group of one (ALGORITHMS.md §1)
+    assert torch.equal(
+        grpo_advantages(r), r
+    )  # mean 0, std 1 for a group of one (docs/algorithms.md#grpo-family)
     assert torch.equal(dr_grpo_advantages(r), torch.zeros(2, 1))
     assert torch.equal(reinforce_advantages(r), r)
     with pytest.raises(ValueError, match="rollout.n >= 2"):

@@ -1,4 +1,4 @@
-"""SPO / MSSR single-rollout estimators (ALGORITHMS.md §2) against values worked out by hand.
+"""SPO / MSSR single-rollout estimators (docs/algorithms.md#mssr) against values worked out by hand.
 
 Shared numbers: rho_min 0.875, rho_max 0.96 -> N0 = 1 / (1 - 0.875) = 8 pseudo-counts, so an unseen prompt starts
 at alpha = beta = 4 (v = 0.5); with no KL yet the global rule uses the midpoint rho = (0.875 + 0.96) / 2 = 0.9175.

@@ -1,4 +1,4 @@
-"""Multi-turn estimators (mmrl.algos.multiturn, ALGORITHMS.md §6) against values worked out by hand: episode-level
+"""Multi-turn estimators (mmrl.algos.multiturn, docs/agents.md#step-level-credit) against values worked out by hand: episode-level
 GRPO over turn spans, per-turn discounted returns against the same turn index, and GiGPO's anchor-state groups; the
 single-turn fallback equals grpo; options are checked on the trainer's and the config's path."""
 
@@ -9,9 +9,9 @@ import torch
 
 from mmrl.algos import ADVANTAGES, AdvantageInput, GiGPO, Turn
 from mmrl.algos.advantages import dr_grpo_advantages
-from mmrl.train.checks import check_components
 from mmrl.cli import main
 from mmrl.config import ConfigError, load_config
+from mmrl.train.checks import check_components
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "assets" / "tiny-qwen2.5-vl")

@@ -10,7 +10,7 @@ division) using TRL's own ``nanstd``.
 
 Where the definitions differ (so mmrl's arguments are set to TRL's for the comparison):
 - eps: TRL divides by ``std + 1e-4`` (line 2787), mmrl by ``std + algo.adv_eps`` (1e-6 by default).
-- a group of one: TRL sets std = 0 (line 2772), so A = (r - r) / 1e-4 = 0; mmrl follows ALGORITHMS.md (mean 0,
+- a group of one: TRL sets std = 0 (line 2772), so A = (r - r) / 1e-4 = 0; mmrl follows docs/algorithms.md (mean 0,
   std 1: A = r). Checked below.
 - TRL's GRPO loss has no dual clip (line 3113-3118): mmrl's ``dual_clip`` is None here.
 """
@@ -128,7 +128,9 @@ def test_grpo_advantages_match_trl():
 def test_group_of_one_differs_from_trl_as_documented():
     r = torch.tensor([[0.7], [0.0]])
     assert torch.equal(trl_advantages(r, scale=True), torch.zeros(2))  # TRL: std := 0 for one generation
-    assert torch.equal(grpo_advantages(r, eps=1e-4), r)  # mmrl: mean 0, std 1 (ALGORITHMS.md §1)
+    assert torch.equal(
+        grpo_advantages(r, eps=1e-4), r
+    )  # mmrl: mean 0, std 1 (docs/algorithms.md#grpo-family)
 
 
 def test_grpo_loss_matches_trl():

@@ -1,4 +1,4 @@
-"""Coordinate frames of grounding rewards, per family (:mod:`mmrl.model.families`): a point or a box the model writes in its
+"""Coordinate frames of grounding rewards, per family (:mod:`mmrl.model.geometry`): a point or a box the model writes in its
 family's frame (Qwen2-VL: 0-1000; Qwen2.5-VL: pixels of the resized image; Qwen3-VL and Qwen3.5: 0-1000; Gemma 3: model pixels, an
 assumption) maps back onto the original screenshot, for the GUI reward, the pathology region IoU and the ScreenSpot
 scorer alike, on screenshot-like sizes of several aspect ratios; ``model.coordinate_frame`` overrides the family's.
@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmrl.train.collect import reward_inputs
 from mmrl.config import ConfigError, ModelConfig, from_dict
 from mmrl.eval import get_benchmark
 from mmrl.eval.base import EvalItem
-from mmrl.model.families import COORDINATE_FRAMES, ModelView, coordinate_frame, frame_to_original
+from mmrl.model.checkpoint_files import ModelView
 from mmrl.model.policy import Policy
+from mmrl.processors.geometry import COORDINATE_FRAMES, coordinate_frame, frame_to_original
 from mmrl.rewards.gui import gui_action
 from mmrl.rewards.pathology import pathology
+from mmrl.train.collect import reward_inputs
 from mmrl.types import RewardInput, Sample
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ import pytest
 
 from mmrl.envs import EnvPool
 from mmrl.envs.browser import BrowserAppEnv, Invalid, close_shared_browser, parse_action, shared_browser
-from mmrl.model.families import original_to_frame
+from mmrl.processors.geometry import original_to_frame
 from mmrl.recipes.gui_agent.apps import KINDS, make_app
 from mmrl.recipes.gui_agent.data import build
 from mmrl.types import Sample

@@ -340,7 +340,7 @@ def test_zoom_episode_in_a_pool_worker(tmp_path):
 def _read(img: Image.Image, box: list[int], length: int, jitter: tuple[int, int], budget: int) -> str:
     """A nearest-template reader that knows the font, the code's length and the box's place to a few pixels but
     not its sub-pixel phase: templates drawn ``jitter`` px off, matched at the best shift of up to 2 model px."""
-    from mmrl.model.families import checkpoint_geometry
+    from mmrl.model.checkpoint_files import checkpoint_geometry
 
     geometry = checkpoint_geometry(str(ROOT / "assets" / "tiny-qwen2.5-vl"))
 

@@ -20,6 +20,9 @@ from PIL import Image
 from mmrl.config import ModelConfig
 from mmrl.data import load_dataset
 from mmrl.envs import EnvPool
+from mmrl.model.layout import is_vision_param, language_model_prefix
+from mmrl.model.policy import Policy
+from mmrl.rollout import HFEngine, RolloutEngine, SamplingParams
 from mmrl.rollout.episodes import (
     ImageBudget,
     all_media,
@@ -28,9 +31,6 @@ from mmrl.rollout.episodes import (
     run_episodes,
     trajectory_logprobs,
 )
-from mmrl.model.families import is_vision_param, language_model_prefix
-from mmrl.model.policy import Policy
-from mmrl.rollout import HFEngine, SamplingParams
 from mmrl.types import Sample
 
 BUDGET = {"qwen2_5_vl": (4 * 28 * 28, 16 * 28 * 28), "qwen3_vl": (4 * 32 * 32, 16 * 32 * 32)}
@@ -365,9 +365,12 @@ def test_zoom_episodes_through_the_hf_engine(policy, tmp_path):
 # ---------------------------------------------------------------------------------------------- paths and limits
 
 
-class _Recording:
+class _Recording(RolloutEngine):
     def __init__(self, engine):
         self.engine, self.calls = engine, []
+
+    def sync_weights(self) -> None:
+        return None
 
     def generate(self, prompts, params):
         self.calls.append((len(prompts), params.n, len({id(p) for p in prompts})))

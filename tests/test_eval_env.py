@@ -15,15 +15,15 @@ import pytest
 
 import mmrl.eval.runner as runner
 from mmrl.cli import main
-from mmrl.train.collect import Collector
 from mmrl.config import Config, ModelConfig, from_dict
 from mmrl.data import load_dataset
 from mmrl.distributed import Dist
-from mmrl.rollout.episodes import end_of_turn
 from mmrl.eval.episodic import ENDS, episode_summary
 from mmrl.model.policy import Policy
-from mmrl.rollout.base import Completion
+from mmrl.rollout.base import Completion, RolloutEngine
+from mmrl.rollout.episodes import end_of_turn
 from mmrl.rollout.hf import HFEngine
+from mmrl.train.collect import Collector
 from mmrl.train.validation import Validator
 
 TINY = str(Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl")
@@ -32,7 +32,7 @@ MODEL = ["--model", TINY, "--no-progress", "device=cpu", *PIXELS]
 WRONG = ["hello", "hello", "<answer>zz</answer>"]  # two invalid actions and a wrong answer (codes are digits)
 
 
-class ScriptEngine:
+class ScriptEngine(RolloutEngine):
     """An engine that writes given texts: ``scripts[sample id][k]`` is turn k of that sample's episodes. The episodes
     of one sample run the same script in step, so one generate call is one turn of each sample it names."""
 
@@ -52,6 +52,9 @@ class ScriptEngine:
             ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.marker]
             out.append([Completion(ids, text, [0.0] * len(ids), "stop") for _ in range(params.n)])
         return out
+
+    def sync_weights(self) -> None:
+        return None
 
 
 @pytest.fixture(scope="module")
@@ -268,9 +271,9 @@ def test_gui_agent_oracle_episodes_succeed(tmp_path, monkeypatch, capsys):
     """Two generated apps: the env's oracle actions (teacher-forced episodes give their texts) played back by the
     scripted engine succeed with every step the oracle's; breakdowns by app kind and task."""
     from mmrl.envs import EnvPool
-    from mmrl.rollout.episodes import run_episodes
     from mmrl.recipes.gui_agent.data import build
     from mmrl.rollout import SamplingParams
+    from mmrl.rollout.episodes import run_episodes
 
     data = build(tmp_path / "data", n_train=0, n_eval=2, n_sft=0)["eval"]
     samples = load_dataset(data).samples

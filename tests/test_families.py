@@ -15,12 +15,13 @@ from PIL import Image
 
 from mmrl.cli import main
 from mmrl.config import ModelConfig
-from mmrl.model.families import VisionGeometry, is_vision_param, language_model_prefix, vision_geometry
-from mmrl.run.metrics import read_metrics
+from mmrl.model.geometry import VisionGeometry, vision_geometry
+from mmrl.model.layout import is_vision_param, language_model_prefix
 from mmrl.model.policy import Policy
 from mmrl.processors.image import ImageGeometry
 from mmrl.rewards.gui import to_original
 from mmrl.rollout import HFEngine, SamplingParams
+from mmrl.run.metrics import read_metrics
 from mmrl.tiny.build import FAMILIES, build_tiny
 from mmrl.types import Sample
 
@@ -226,7 +227,9 @@ def test_vision_token_count_matches_the_processor(family, policy, images):
 def _expected_image_tokens(family: str, processor, w: int, h: int) -> int:
     """The image-feature tokens of one ``w x h`` image, from the processor's config alone (each tiny module
     re-implements its family's tiling rule)."""
-    from mmrl.tiny import idefics as tiny_idefics, internvl_llava as tiny_internvl_llava, llama4_gemma4 as tiny_llama4_gemma4
+    from mmrl.tiny import idefics as tiny_idefics
+    from mmrl.tiny import internvl_llava as tiny_internvl_llava
+    from mmrl.tiny import llama4_gemma4 as tiny_llama4_gemma4
 
     if family in ("internvl", "llava_onevision"):
         return tiny_internvl_llava.expected_image_tokens(processor, w, h)
@@ -500,7 +503,7 @@ def test_qwen3_vl_moe_experts_are_saved_and_streamed_as_released(tiny_family):
     is written as released, loads back to the same weights, and the engine's weight stream sends the file's layout."""
     from safetensors.torch import load_file
 
-    from mmrl.model.families import release_transposes
+    from mmrl.model.layout import release_transposes
 
     path = tiny_family("qwen3_vl_moe")
     saved = load_file(path / "model.safetensors")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mmrl.config import LoraConfig, ModelConfig
-from mmrl.model.families import language_model_prefix
+from mmrl.model.layout import language_model_prefix
 from mmrl.model.policy import Policy
 from mmrl.tiny.build import FAMILIES
 

@@ -16,10 +16,10 @@ from safetensors.torch import load_file
 
 from mmrl.cli import main
 from mmrl.config import LoraConfig, ModelConfig
-from mmrl.run.metrics import read_metrics
 from mmrl.model.policy import Policy
 from mmrl.rollout.base import SamplingParams
 from mmrl.rollout.hf import HFEngine
+from mmrl.run.metrics import read_metrics
 from mmrl.types import Sample
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -216,9 +216,9 @@ def test_fsdp_follows_the_setting_then_the_launcher_and_never_shards_without_a_l
 
 def test_fsdp_with_the_vllm_engine_passes_the_preflight(monkeypatch):
     """FSDP2 + vLLM streams the weights from the shards (tests/test_vllm_train.py runs it); no longer refused."""
-    from mmrl.train.checks import check_components
     from mmrl.config import load_config
     from mmrl.rollout import ENGINES
+    from mmrl.train.checks import check_components
 
     monkeypatch.setattr(ENGINES.get("vllm"), "check", staticmethod(lambda: None))  # vLLM lives in .venv-vllm
     check_components(load_config(None, [f"model.path={TINY}", "train.fsdp=true", "rollout.engine=vllm"]))

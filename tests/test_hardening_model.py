@@ -89,8 +89,8 @@ def test_completion_tokens_are_never_read_as_image_slots(policy, samples):
 
 def test_random_model_trains_at_64_tokens_and_112px(tmp_path):
     from mmrl.cli import main
-    from mmrl.run.metrics import read_metrics
     from mmrl.recipes.shapes.data import build
+    from mmrl.run.metrics import read_metrics
 
     build(tmp_path / "data", n_train=16, n_eval=4, seed=2)
     cfg = tmp_path / "cfg.yaml"

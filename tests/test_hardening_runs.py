@@ -12,8 +12,8 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.run.checkpoint import latest_checkpoint, save_checkpoint
 from mmrl.cli import main
+from mmrl.run.checkpoint import latest_checkpoint, save_checkpoint
 from mmrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,8 +185,8 @@ def test_prompt_cache_keys_by_content_and_is_bounded_in_bytes(tmp_path):
 def test_micro_batch_accumulation_equals_the_full_mini_batch_gradient(tmp_path, agg):
     from mmrl.config import load_config
     from mmrl.model.policy import Policy
-    from mmrl.types import Sample
     from mmrl.train.update import PolicyUpdate, RolloutBatch
+    from mmrl.types import Sample
 
     Image.new("RGB", (56, 56), (9, 99, 199)).save(tmp_path / "i.png")
     s = Sample(

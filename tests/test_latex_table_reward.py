@@ -1,4 +1,4 @@
-"""The latex_table reward (Table2LaTeX-RL, ALGORITHMS.md §4) on real renders, and the plain HTML teds reward.
+"""The latex_table reward (Table2LaTeX-RL, docs/rewards.md#domain-rewards) on real renders, and the plain HTML teds reward.
 
 Exact values are written out where they do not depend on glyph rasterisation (compile, teds_s, acc, form, the
 score, CW-SSIM of identical renders). ``visual`` of two DIFFERENT renders depends on the fonts and the rasteriser

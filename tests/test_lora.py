@@ -11,8 +11,8 @@ from PIL import Image
 
 from mmrl.cli import main
 from mmrl.config import LoraConfig, ModelConfig
-from mmrl.run.metrics import read_metrics
 from mmrl.model.policy import Policy
+from mmrl.run.metrics import read_metrics
 from mmrl.types import Sample
 
 ROOT = Path(__file__).resolve().parents[1]

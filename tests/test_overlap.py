@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from mmrl.cli import main
-from mmrl.run.metrics import read_metrics
 from mmrl.rewards.base import register_reward
 from mmrl.rollout.hf import HFEngine
+from mmrl.run.metrics import read_metrics
 from mmrl.types import RewardInput, RewardResult
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,11 +12,11 @@ import torch
 from PIL import Image
 
 from mmrl.config import Config, ModelConfig, from_dict
-from mmrl.model.families import packing_support
+from mmrl.model.encoders import packing_support
 from mmrl.model.policy import Policy
 from mmrl.tiny.build import FAMILIES
-from mmrl.types import Sample
 from mmrl.train.update import RolloutBatch, micro_batches
+from mmrl.types import Sample
 
 # families that cannot pack here, and the reason's words (read from the checkpoint: tests/test_packing.py docstring);
 # every built family packs (Qwen3.5's linear attention through mmrl.model.linear_attention)
@@ -85,10 +85,10 @@ def test_packed_logprobs_and_gradients_equal_the_padded_path(family, tiny_family
         assert not ok and NOT_PACKED[family] in why and not policy.packs
         return
     assert ok and policy.packs, why
-    import mmrl.model.families as families
+    import mmrl.model.encoders as encoders
 
     calls: list[str] = []
-    real = families.encoder_calls
+    real = encoders.encoder_calls
 
     def counting(model):
         def count(fn, modality):
@@ -96,7 +96,7 @@ def test_packed_logprobs_and_gradients_equal_the_padded_path(family, tiny_family
 
         return {m: (pix, count(fn, m), takes) for m, (pix, fn, takes) in real(model).items()}
 
-    monkeypatch.setattr(families, "encoder_calls", counting)
+    monkeypatch.setattr(encoders, "encoder_calls", counting)
     # transformers >= 5.18: the forward takes precomputed features (mm_encoder_outputs); 5.16 and 5.17 do not, and
     # the model's forward encodes every row's media instead (same values), with a warning
     shared = bool(real(policy.model))
@@ -227,7 +227,7 @@ def test_generation_encodes_each_prompts_media_once(family, tiny_family, media, 
     the tokens (and log-probs) it samples from n encodings of the same pixels."""
     import transformers
 
-    import mmrl.model.families as families
+    import mmrl.model.encoders as encoders
     from mmrl.rollout import SamplingParams
     from mmrl.rollout.hf import HFEngine
 
@@ -237,7 +237,7 @@ def test_generation_encodes_each_prompts_media_once(family, tiny_family, media, 
     prompts = [policy.encode(s) for s in _samples(media, video=False)]
     params = SamplingParams(n=3, temperature=1.0, max_new_tokens=6)
     calls: list[str] = []
-    real = families.encoder_calls
+    real = encoders.encoder_calls
     # the fallback is checked by test_packed_logprobs_and_gradients_equal_the_padded_path
     if not real(policy.model):
         version = transformers.__version__
@@ -249,11 +249,11 @@ def test_generation_encodes_each_prompts_media_once(family, tiny_family, media, 
             for m, (pix, fn, takes) in real(model).items()
         }
 
-    monkeypatch.setattr(families, "encoder_calls", counting)
+    monkeypatch.setattr(encoders, "encoder_calls", counting)
     torch.manual_seed(0)
     shared = HFEngine(policy, batch_size=3).generate(prompts, params)
     assert calls == ["image"]  # two prompts with images, three rows each: one call for the generate batch
-    monkeypatch.setattr(families, "encoder_calls", lambda model: {})  # the pixels of every row, as before
+    monkeypatch.setattr(encoders, "encoder_calls", lambda model: {})  # the pixels of every row, as before
     torch.manual_seed(0)
     plain = HFEngine(policy, batch_size=3).generate(prompts, params)
     for g, h in zip(shared, plain):
@@ -272,7 +272,7 @@ def test_generation_encodes_each_prompts_media_once(family, tiny_family, media, 
 def test_media_blocks_pack_under_mmrl_sdpa_only(family, key, layers, tiny_family):
     """Two-way media blocks are read from the checkpoint (Gemma 3: every layer; Gemma 4: sliding layers only, as
     transformers' masks); flash-attention's causal kernels cannot hold them, so a packed row is refused there."""
-    from mmrl.model.families import media_blocks
+    from mmrl.model.encoders import media_blocks
 
     policy = Policy.from_pretrained(
         ModelConfig(path=str(tiny_family(family)), min_pixels=3136, max_pixels=12544)

@@ -1,5 +1,5 @@
 """Vision once per prompt (:func:`mmrl.model.packing.encode_media_once`): the distinct prompts of a micro-batch go through
-the vision tower in one call per modality, whose output :func:`mmrl.model.families.split_encoder_outputs` cuts back per
+the vision tower in one call per modality, whose output :func:`mmrl.model.encoders.split_encoder_outputs` cuts back per
 prompt for every layout the families' feature functions return; so the number of tower calls is the padded path's
 (one per micro-batch and modality) and the sharing holds under FSDP2, where a rank whose micro-batch holds more
 distinct prompts than another's no longer runs more collectives, and one whose micro-batch is text only encodes a
@@ -17,7 +17,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
 from mmrl.config import ModelConfig
-from mmrl.model.families import split_encoder_outputs
+from mmrl.model.encoders import split_encoder_outputs
 from mmrl.model.policy import Policy
 from mmrl.types import Sample
 

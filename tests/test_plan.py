@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from mmrl import cli
-from mmrl.plan import memory, planner as plan
 from mmrl.config import ConfigError, load_config
+from mmrl.plan import memory
+from mmrl.plan import planner as plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "assets/tiny-qwen2.5-vl"

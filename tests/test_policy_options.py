@@ -9,8 +9,8 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from mmrl.config import ModelConfig
-from mmrl.run.metrics import MetricsLogger, read_metrics
 from mmrl.model.policy import Policy
+from mmrl.run.metrics import MetricsLogger, read_metrics
 from mmrl.types import Sample
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mmrl.plan import memory, planner as plan
 from mmrl.config import load_config
+from mmrl.plan import memory
+from mmrl.plan import planner as plan
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB_ID = "Qwen/Qwen3-VL-8B-Instruct"
@@ -101,7 +102,7 @@ def test_gui_variant_scores_points_in_qwen3_vl_frame():
     """Qwen3-VL answers in 0-1000 of the image's width and height: the frame its model_type maps to."""
     import json
 
-    from mmrl.model.families import coordinate_frame, frame_to_original
+    from mmrl.processors.geometry import coordinate_frame, frame_to_original
 
     model_type = json.loads((SHIPPED / "config.json").read_text())["model_type"]
     assert coordinate_frame(model_type) == "relative_1000"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mmrl.train.checks import check_components, check_data, check_env, check_numbers, check_rewards
 from mmrl.config import load_config
+from mmrl.train.checks import check_components, check_data, check_env, check_numbers, check_rewards
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for p in (ROOT / "recipes").glob("*/*.yaml") if p.parent.name != "accelerate")

@@ -15,11 +15,11 @@ from PIL import Image
 from mmrl.cli import main
 from mmrl.config import load_config
 from mmrl.data import load_dataset
-from mmrl.run.metrics import read_metrics
 from mmrl.processors.geometry import smart_resize
 from mmrl.recipes.gui.data import ScreenRenderer
 from mmrl.recipes.gui.tiny import TINY_PIXELS, TINY_SCREEN, build, model_size
 from mmrl.rewards.gui import gui_action
+from mmrl.run.metrics import read_metrics
 from mmrl.types import RewardInput
 
 ROOT = Path(__file__).resolve().parents[1]

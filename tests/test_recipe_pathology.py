@@ -10,7 +10,8 @@ import pytest
 from PIL import Image, ImageDraw
 
 from mmrl.data import load_dataset
-from mmrl.recipes.pathology import convert, data, view, wsi
+from mmrl.recipes.pathology import convert, data, wsi
+from mmrl.rewards import pathology_view as view
 from mmrl.rewards.pathology import mask_iou, pathology
 from mmrl.types import RewardInput
 

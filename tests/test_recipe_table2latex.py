@@ -16,10 +16,10 @@ from transformers import AutoTokenizer
 
 from mmrl.cli import main
 from mmrl.config import load_config
-from mmrl.run.metrics import read_metrics
 from mmrl.processors.geometry import smart_resize
 from mmrl.recipes.table2latex.data import PROMPT, TINY_SHAPES, build_tiny
 from mmrl.rewards.latex_table import latex_table
+from mmrl.run.metrics import read_metrics
 from mmrl.types import RewardInput
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,11 +12,11 @@ import pytest
 
 from mmrl.cli import main
 from mmrl.data import load_dataset
-from mmrl.run.metrics import read_metrics
 from mmrl.processors.video import load_video
 from mmrl.recipes.video import data as vdata
 from mmrl.recipes.video.convert import ConvertError, convert_mvbench, convert_videomme, videomme_record
 from mmrl.rewards.general import mc_letter
+from mmrl.run.metrics import read_metrics
 from mmrl.types import RewardInput
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from mmrl.algos import ROLLOUT_CORRECTIONS, check_rollout_correction, rollout_correction
-from mmrl.train.checks import check_components
 from mmrl.cli import main
 from mmrl.config import ConfigError, load_config
 from mmrl.run.metrics import read_metrics
+from mmrl.train.checks import check_components
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "assets" / "tiny-qwen2.5-vl")
@@ -126,8 +126,8 @@ def test_update_multiplies_the_token_losses():
     """Weights w scale the policy loss (detached: the gradient is w times the unweighted one; w = 4 scales
     floats exactly)."""
     from mmrl.model.policy import Policy
-    from mmrl.types import Sample
     from mmrl.train.update import PolicyUpdate, RolloutBatch
+    from mmrl.types import Sample
 
     cfg = load_config(None, [f"model.path={TINY}", "optim.micro_batch_size=2", "optim.grad_clip=0"])
     pol = Policy.from_pretrained(cfg.model)

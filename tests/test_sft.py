@@ -62,10 +62,10 @@ def test_multi_turn_sft_learns_the_oracles_episodes(tmp_path):
     from mmrl.data import load_dataset
     from mmrl.envs import EnvPool
     from mmrl.envs.zoom import parse_action
-    from mmrl.rollout.episodes import run_episodes
     from mmrl.model.policy import Policy
     from mmrl.recipes.zoom.data import build_tiny
     from mmrl.rollout import HFEngine, SamplingParams
+    from mmrl.rollout.episodes import run_episodes
 
     train = build_tiny(tmp_path / "data", n_train=5, n_eval=1)["train"]
     records = [json.loads(x) for x in train.read_text().splitlines()]

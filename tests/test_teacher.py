@@ -13,9 +13,9 @@ from mmrl.config import ModelConfig
 from mmrl.data import load_dataset
 from mmrl.envs import EnvPool
 from mmrl.envs.zoom import parse_action
-from mmrl.rollout.episodes import end_of_turn, run_episodes, trajectory_logprobs
 from mmrl.model.policy import Policy
 from mmrl.rollout import SamplingParams
+from mmrl.rollout.episodes import end_of_turn, run_episodes, trajectory_logprobs
 from mmrl.types import Sample
 
 TINY = Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl"

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mmrl.run import trackers
-from mmrl.train.checks import check_config
 from mmrl.cli import main
 from mmrl.config import ConfigError, load_config
+from mmrl.run import trackers
 from mmrl.run.metrics import MetricsLogger, read_metrics, rollout_images
+from mmrl.train.checks import check_config
 
 TINY = Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl"
 ALL = ["tensorboard", "wandb", "mlflow", "swanlab"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mmrl.run.checkpoint import list_checkpoints
 from mmrl.cli import main
+from mmrl.run.checkpoint import list_checkpoints
 from mmrl.run.metrics import read_metrics
 
 TINY = str(Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl")
@@ -85,6 +85,18 @@ def test_checkpoint_model_loads_with_transformers(recipe, tmp_path):
     assert first["reward"] in (0.0, 1.0) and first["parts"]["exact_match"] == first["reward"]
     state = json.loads((ck / "state.json").read_text())
     assert state["step"] == 2 and state["sampler"]["pos"] == 8
+    # config.json is the config as given (device "auto" stays "auto"); what the run resolved is in resolved.json
+    from mmrl.config import load_config, to_dict
+
+    given = to_dict(load_config(str(recipe), ["eval.every=0", "train.max_steps=2"]))
+    assert json.loads((out / "config.json").read_text()) == given and given["model"]["device"] == "auto"
+    assert json.loads((out / "resolved.json").read_text()) == {
+        "device": "cpu",
+        "processes": 1,
+        "sharded": False,
+        "replicated": False,
+        "reference": "separate",
+    }
 
 
 def test_resume_without_checkpoint_is_a_clear_error(recipe, tmp_path, capsys):

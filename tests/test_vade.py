@@ -1,4 +1,4 @@
-"""VADE sampler (ALGORITHMS.md §3): decay arithmetic, Thompson draws, seeding, checkpoint round trips, reward forms,
+"""VADE sampler (docs/algorithms.md#vade): decay arithmetic, Thompson draws, seeding, checkpoint round trips, reward forms,
 bad input, and an exact ``--resume`` through the trainer on the tiny model."""
 
 import json

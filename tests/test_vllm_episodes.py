@@ -17,9 +17,9 @@ from PIL import Image
 
 from mmrl.config import ModelConfig
 from mmrl.envs import EnvPool
-from mmrl.rollout.episodes import run_episodes, trajectory_logprobs
 from mmrl.model.policy import Policy
 from mmrl.rollout import ENGINES, SamplingParams
+from mmrl.rollout.episodes import run_episodes, trajectory_logprobs
 from mmrl.rollout.vllm import _request
 from mmrl.types import Sample
 

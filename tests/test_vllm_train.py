@@ -23,12 +23,13 @@ import tomllib
 import torch
 from multiproc import BASE_ENV, WALL_CLOCK, shapes_run_config, torchrun
 
-from mmrl.train.checks import check_components
 from mmrl.config import ConfigError, LoraConfig, ModelConfig, load_config
-from mmrl.run.metrics import read_metrics
-from mmrl.model.policy import EncodedPrompt, Policy, _checkpoint_layout
+from mmrl.model.policy import Policy, _checkpoint_layout
+from mmrl.model.prompt import EncodedPrompt
 from mmrl.rollout import ENGINES
 from mmrl.rollout import vllm as vllm_engine
+from mmrl.run.metrics import read_metrics
+from mmrl.train.checks import check_components
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "assets" / "tiny-qwen2.5-vl"

@@ -1,4 +1,4 @@
-"""Advantage estimators: group baselines (ALGORITHMS.md §1) and the batch-whitened REINFORCE family.
+"""Advantage estimators: group baselines (docs/algorithms.md#grpo-family) and the batch-whitened REINFORCE family.
 
 Every estimator is a class in ``ADVANTAGES`` with one interface, so the trainer never tests a method's name:
 
@@ -15,12 +15,12 @@ nothing.
 
 Stateless estimators are pure functions ``fn(rewards [B, G], eps) -> [B, G]`` wrapped by :func:`group_advantage`.
 Departures from the papers:
-- ``grpo``: unbiased std as the GRPO reference code; a group of one reads mean 0, std 1 (ALGORITHMS.md §1), so
+- ``grpo``: unbiased std as the GRPO reference code; a group of one reads mean 0, std 1 (docs/algorithms.md#grpo-family), so
   A = r (TRL gives 0 there, tests/test_algos_trl.py).
 - ``dr_grpo``: A = r - mean_G (no std), as Dr. GRPO; the 1/constant of its loss is the ``seq-mean-token-sum-norm``
   aggregation, not part of the advantage.
 - ``rloo``: A_i = r_i - mean_{j != i} r_j (leave-one-out), needs G >= 2.
-- ``reinforce``: A = r, no baseline: the estimator the noisy-verifier corrections (§4) are derived for.
+- ``reinforce``: A = r, no baseline: the estimator the noisy-verifier corrections (docs/rewards.md#domain-rewards) are derived for.
 - ``reinforce_pp``: REINFORCE++ without a KL-in-reward term (add it with ``kl_penalised_rewards``):
   A = (r - mean) / sqrt(var + eps), mean and unbiased variance taken over every response token of the batch, as
   OpenRLHF's, verl's and the MSSR authors' code whiten, so a longer response weighs more; works with one response
@@ -47,7 +47,7 @@ ADVANTAGES: Registry[type[AdvantageEstimator]] = Registry("advantage estimator")
 
 @dataclass(frozen=True)
 class Turn:
-    """One step of a multi-turn trajectory (ALGORITHMS.md §6): the action's tokens, the environment's reward for it,
+    """One step of a multi-turn trajectory (docs/agents.md#step-level-credit): the action's tokens, the environment's reward for it,
     and the anchor-state key of the observation the action was taken in."""
 
     start: int  # first action token: an index into the row's response tokens
@@ -169,7 +169,7 @@ def group_advantage(
 def grpo_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``A = (r - mean_G) / (std_G + eps)`` with the unbiased std, as the GRPO reference code; G = 1 gives A = r."""
     if rewards.shape[1] == 1:
-        return rewards.clone()  # mean 0, std 1 for a group of one (ALGORITHMS.md §1)
+        return rewards.clone()  # mean 0, std 1 for a group of one (docs/algorithms.md#grpo-family)
     mean = rewards.mean(dim=1, keepdim=True)  # [B, 1]
     std = rewards.std(dim=1, keepdim=True)  # [B, 1]
     return (rewards - mean) / (std + eps)

@@ -1,5 +1,5 @@
-"""Decayed Beta counts per training record: the one component that VADE's sampler (ALGORITHMS.md §3) and MSSR's /
-SPO's value tracker (§2) share.
+"""Decayed Beta counts per training record: the one component that VADE's sampler (docs/algorithms.md#vade) and MSSR's /
+SPO's value tracker (docs/algorithms.md#mssr) share.
 
 Each record i keeps pseudo-counts ``alpha[i]`` (successes) and ``beta[i]`` (failures). Both methods forget old
 evidence by multiplying the counts with a factor before adding new ones; they differ only in which factor applies to

@@ -1,4 +1,4 @@
-"""Noisy-verifier corrections (ALGORITHMS.md §4; Cai et al., "Reinforcement Learning with Verifiable yet Noisy
+"""Noisy-verifier corrections (docs/rewards.md#domain-rewards; Cai et al., "Reinforcement Learning with Verifiable yet Noisy
 Rewards under Imperfect Verifiers", arXiv 2510.00915).
 
 The verifier is a channel with false-positive rate r0 = P(R~ = 1 | R = 0) (``fp_rate``) and false-negative rate

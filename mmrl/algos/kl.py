@@ -1,4 +1,4 @@
-"""KL(pi || pi_ref) estimators per token (Schulman's k1/k2/k3; ALGORITHMS.md §1), as a loss term or a reward
+"""KL(pi || pi_ref) estimators per token (Schulman's k1/k2/k3; docs/algorithms.md#grpo-family), as a loss term or a reward
 penalty.
 
 With d = log pi_ref - log pi on tokens sampled from pi (pi = the policy being trained):

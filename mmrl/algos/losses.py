@@ -1,4 +1,4 @@
-"""Policy losses and loss aggregation (ALGORITHMS.md §1), each registered by name.
+"""Policy losses and loss aggregation (docs/algorithms.md#grpo-family), each registered by name.
 
 A loss is ``fn(logp [B, T], old_logp [B, T], adv [B] or [B, T], mask [B, T], *, group_ids=None, **options)
 -> (token_loss [B, T], stats)``; its options are its keyword arguments. ``stats`` are detached 0-dim tensors over
@@ -14,7 +14,7 @@ The losses, per token (A the advantage, rho the ratio pi / pi_old):
 - ``gspo``: the same clip on the sequence ratio s = exp(mean_t(log pi - log pi_old)), in GSPO's token form
   log s_t = sg[log s] + log pi_t - sg[log pi_t]: every token carries s's value and s * grad log pi_t, so under
   ``seq-mean-token-mean`` the gradient is exactly the sequence objective's. Dual clip off by default.
-- ``reg_grpo`` (DeepVideo-R1's Regressive GRPO; ALGORITHMS.md has it from a summary, unverified): the group
+- ``reg_grpo`` (DeepVideo-R1's Regressive GRPO; docs/algorithms.md has it from a summary, unverified): the group
   z-score z_i of the sequence log-ratio l_i = mean_t(log pi - log pi_old) is regressed onto A_i,
   L_i = (A_i - z_i)^2, written on every token of the sequence (use ``seq-mean-token-mean`` for mean_i L_i). No
   clipping. Choices the summary leaves open: l_i is the token mean (length-normalised, as GSPO's), the std is the

@@ -1,4 +1,4 @@
-"""Step-level credit for multi-turn agents (ALGORITHMS.md §6): token-level advantages over turn spans.
+"""Step-level credit for multi-turn agents (docs/agents.md#step-level-credit): token-level advantages over turn spans.
 
 A row of the batch is one trajectory. ``AdvantageInput.turns[i]`` lists its turns in order (:class:`Turn`): each a
 span ``[start, end)`` of the row's response tokens holding the action, the environment's reward r_t for it, and
@@ -31,10 +31,10 @@ Departures from GiGPO's paper and its code (verl-agent ``gigpo/core_gigpo.py``: 
 ``build_step_group``, ``step_norm_reward``, ``compute_step_discounted_returns``; and
 ``agent_system/reward_manager/episode.py``; read in public forks, the upstream repository being unreachable here):
 - Layout: verl-agent trains each step as its own row (the step's observation as prompt); here a row is a whole
-  trajectory with its turns as spans, as ALGORITHMS.md §6 asks of the rollout. The per-turn values are the same.
+  trajectory with its turns as spans, as docs/agents.md#step-level-credit asks of the rollout. The per-turn values are the same.
 - Episode statistics: verl-agent's rows are steps, each carrying its episode's return, and by default
   (``compute_mean_std_cross_steps``) the group mean and std run over those rows, so a trajectory weighs by its
-  number of steps. Here each trajectory counts once (the paper's episode-level formula, ALGORITHMS.md §6): A_E is
+  number of steps. Here each trajectory counts once (the paper's episode-level formula, docs/agents.md#step-level-credit): A_E is
   ``grpo``.
 - One normalisation option per level (``episode_norm``, ``step_norm``) where verl-agent has one ``mode`` for both;
   both default to ``mean_std_norm``, as verl-agent's example scripts (its function's default is ``mean_norm``).

@@ -1,4 +1,4 @@
-"""Rollout/training mismatch correction (ALGORITHMS.md §1, last bullets): truncated or masked importance sampling
+"""Rollout/training mismatch correction (docs/algorithms.md#grpo-family, last bullets): truncated or masked importance sampling
 between the rollout engine's log-probs and pi_old's, as TRL's and verl's rollout corrections do.
 
 The engine (vLLM's bf16 kernels, another attention or sampler implementation) draws y from pi_rollout, while the
@@ -26,7 +26,7 @@ None), ``clipped`` marking what was capped or dropped: ``[N, T]`` per token, ``[
 responses for ``*_seq``, capped or dropped) and ``rollout/correction_weight_mean`` (mean w over real tokens).
 
 Choices where TRL and verl differ: the mask forms drop ratios outside [1/C, C] on both sides, as verl's rejection
-sampling (lower bound 1/C by default) and ALGORITHMS.md do; TRL's drops only rho > C. A dropped token stays in the
+sampling (lower bound 1/C by default) and docs/algorithms.md do; TRL's drops only rho > C. A dropped token stays in the
 aggregation's denominator (weight 0, as TRL multiplies the token loss; verl removes it from the loss mask), so a
 dropped token shrinks the step like a token with zero advantage. The sequence ratio's log is clamped like the
 policy ratio's (TRL does not clamp). Only the policy loss is weighted, not the KL or entropy terms (as in both).

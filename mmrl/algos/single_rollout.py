@@ -1,4 +1,4 @@
-"""Group-free advantages for one response per prompt: SPO's per-prompt value tracker and MSSR (ALGORITHMS.md §2).
+"""Group-free advantages for one response per prompt: SPO's per-prompt value tracker and MSSR (docs/algorithms.md#mssr).
 
 How this departs from GRPO: the baseline is not the group mean but v = alpha / (alpha + beta), the decayed Beta
 counts of the prompt's past outcomes (:class:`mmrl.algos.beta.BetaTracker`, shared with VADE), read BEFORE this step's
@@ -35,7 +35,7 @@ Departures from the authors' code (ruiiu/MSSR, ``verl/trainer/core_algos.py``):
   log-probs) position by position, two different token sequences. Neither that nor a true KL is available without a
   forward pass of the current policy over the previous response, so here D = |mean_t log pi_old(this response) -
   mean_t log pi_old(previous response)|, the change of the prompt's mean sampled-token log-likelihood between
-  visits: a proxy for ALGORITHMS.md's token-mean |log pi_prev - log pi_now| (which scores one response under both
+  visits: a proxy for docs/algorithms.md's token-mean |log pi_prev - log pi_now| (which scores one response under both
   policies) that needs one stored float per prompt.
 - Several responses to one prompt in a batch (rollout.n > 1, or a prompt drawn twice) update the tracker in order,
   each an independent Bernoulli observation, as theirs does; all read v before any update.
@@ -80,7 +80,7 @@ def entropy_shaping(adv: torch.Tensor, entropy: torch.Tensor, alpha: float, kapp
 
 @ADVANTAGES.register("spo")
 class SPO(AdvantageEstimator):
-    """Per-prompt Beta value tracker as the baseline, batch-normalised advantage, no shaping (ALGORITHMS.md §2)."""
+    """Per-prompt Beta value tracker as the baseline, batch-normalised advantage, no shaping (docs/algorithms.md#mssr)."""
 
     name = "spo"
     min_group_size = 1
@@ -238,7 +238,7 @@ class SPO(AdvantageEstimator):
 
 @ADVANTAGES.register("mssr")
 class MSSR(SPO):
-    """SPO plus entropy advantage shaping: token-level advantages ``[N, T]`` (ALGORITHMS.md §2)."""
+    """SPO plus entropy advantage shaping: token-level advantages ``[N, T]`` (docs/algorithms.md#mssr)."""
 
     name = "mssr"
 

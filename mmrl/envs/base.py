@@ -67,7 +67,7 @@ class Observation:
 
     ``text``: what the next user/tool turn says; ``images``: paths of NEW image files of this turn (PNG files the env
     wrote under its ``workdir``); ``state_key``: the anchor state, the observation without history (GiGPO groups the
-    steps of one task's episodes by it, ALGORITHMS.md §6): equal keys mean the same environment state."""
+    steps of one task's episodes by it, docs/agents.md#step-level-credit): equal keys mean the same environment state."""
 
     text: str
     images: list[str]

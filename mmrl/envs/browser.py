@@ -38,10 +38,10 @@ action dicts in the gui recipe's schema, or one dict; the FIRST action wins, the
   one mouse-wheel notch at ``coordinate`` or the screen's centre; the app scrolls a fixed step;
 - ``{'action': 'navigate_back'}`` (``back``): the app's back (its header button does the same).
 
-Coordinates are in the model's frame of the screenshot (:mod:`mmrl.model.families`): ``coordinate_frame``
+Coordinates are in the model's frame of the screenshot (:mod:`mmrl.model.geometry`): ``coordinate_frame``
 (``model_pixels`` when absent), ``image_sizes[0]`` (must equal the viewport) and ``model_image_sizes[0]`` (the size
 the model saw; without it ``model_pixels`` are page pixels), mapped exactly with
-:func:`mmrl.model.families.frame_to_original`; Playwright clicks at the mapped (fractional) page pixel. A point off the
+:func:`mmrl.processors.geometry.frame_to_original`; Playwright clicks at the mapped (fractional) page pixel. A point off the
 screen, an unknown action, or anything unparseable is invalid: reward 0, ``info["invalid"]``, the observation says
 what was wrong and shows no new image; the state is unchanged. ``open_app`` is unknown here.
 
@@ -84,7 +84,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.envs.base import Env, Observation, StepResult, register_env
-from mmrl.model.families import DEFAULT_FRAME, frame_to_original, original_to_frame
+from mmrl.processors.geometry import DEFAULT_FRAME, frame_to_original, original_to_frame
 from mmrl.rewards.gui import parse_literal
 from mmrl.rewards.html_sandbox import HtmlRenderer
 from mmrl.types import Sample

@@ -330,6 +330,10 @@ class EnvPool:
 
     # -- public ------------------------------------------------------------------------------------------------
 
+    def episode_dir(self, episode_id: str) -> Path:
+        """The folder episode ``episode_id`` works in (its observation images): under :attr:`root`."""
+        return self.root / _folder_name(episode_id)
+
     @property
     def live(self) -> list[str]:
         """Ids of the episodes that can be stepped."""
@@ -359,7 +363,7 @@ class EnvPool:
         for eid, name, cls, opts, sample in checked:
             worker = min(range(max(self.workers, 1)), key=lambda w: (load[w], w))
             load[worker] += 1
-            workdir = str(self.root / _folder_name(eid))
+            workdir = str(self.episode_dir(eid))
             ep = _Episode(eid, name, worker, env_ref(cls), opts, sample, workdir, cls.deterministic)
             self._episodes[eid] = ep
             cmds.append(_Cmd("reset", eid, (ep.ref, opts, sample, workdir, [], None), self.timeout_s))

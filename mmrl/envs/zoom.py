@@ -19,10 +19,10 @@ rewarded, which a policy sampled at temperature 1 otherwise learns to exploit (r
 
 Coordinates are in the model's coordinate frame of the ORIGINAL image (the first image of the sample, the one the
 prompt showed), also on later turns: a crop is something to read, not a new frame. The frame and sizes come from
-the sample's metadata as the collector gives rewards (:mod:`mmrl.model.families`): ``coordinate_frame`` (``model_pixels``
+the sample's metadata as the collector gives rewards (:mod:`mmrl.model.geometry`): ``coordinate_frame`` (``model_pixels``
 when absent), ``image_sizes[0]`` (the original ``[w, h]``; it must match the image file) and
 ``model_image_sizes[0]`` (the ``[w, h]`` the model saw; without it ``model_pixels`` are taken as original pixels).
-Corners are mapped with :func:`mmrl.model.families.frame_to_original`, sorted, and the box is clamped to the image
+Corners are mapped with :func:`mmrl.processors.geometry.frame_to_original`, sorted, and the box is clamped to the image
 (floor of the left/top edge, ceiling of the right/bottom, in original pixels); a box wholly outside the image is
 invalid. A box smaller than ``min_crop_side`` on an axis grows about its centre to that size (within the image);
 a crop of more than ``max_crop_pixels`` is downscaled (aspect kept, Lanczos) to fit. The crop is written as a PNG
@@ -68,7 +68,7 @@ from typing import Any
 from PIL import Image
 
 from mmrl.envs.base import Env, Observation, StepResult, register_env
-from mmrl.model.families import DEFAULT_FRAME, frame_to_original, original_to_frame
+from mmrl.processors.geometry import DEFAULT_FRAME, frame_to_original, original_to_frame
 from mmrl.rewards.gui import parse_literal
 from mmrl.rewards.text import normalize_text
 from mmrl.types import Sample

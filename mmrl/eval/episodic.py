@@ -51,9 +51,10 @@ from mmrl.eval.loading import data_files, read_records
 
 if TYPE_CHECKING:
     from mmrl.envs import EnvPool
-    from mmrl.rollout.episodes import Trajectory
-    from mmrl.model.policy import EncodedPrompt, Policy
+    from mmrl.model.policy import Policy
+    from mmrl.model.prompt import EncodedPrompt
     from mmrl.rollout.base import SamplingParams
+    from mmrl.rollout.episodes import Trajectory
     from mmrl.types import Sample
 
 ENDS = ("done", "error", "max_turns", "max_tokens", "image_budget")  # how an env episode ends

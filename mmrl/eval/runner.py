@@ -36,6 +36,7 @@ from mmrl.eval.episodic import EnvBenchmark, episode_pool
 from mmrl.eval.loading import sha256_files
 from mmrl.eval.report import write_outputs
 from mmrl.eval.scoring import aggregate, read_predictions, score_rows
+from mmrl.rollout.base import RolloutEngine
 
 # Qwen2.5-VL's own processor default (the resolution its reported benchmark numbers use), not the training default.
 EVAL_MODEL_DEFAULTS: dict[str, Any] = {"max_pixels": 12845056}
@@ -318,19 +319,19 @@ Respond = Callable[[list[EvalItem], list[Any]], list[dict[str, Any]]]
 
 
 @contextmanager
-def closing_engine(engine: Any) -> Iterator[Any]:
+def closing_engine(engine: RolloutEngine) -> Iterator[RolloutEngine]:
     """Shut an engine that has ``close`` down on the way out (a vLLM engine left to the garbage collector shuts down
     whenever it is collected, destroying the parallel groups of whichever engine is alive then)."""
     try:
         yield engine
     finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+        engine.close()
 
 
 @contextmanager
-def _responder(bench: Benchmark, policy: Any, engine: Any, params: Any, out: Path) -> Iterator[Respond]:
+def _responder(
+    bench: Benchmark, policy: Any, engine: RolloutEngine, params: Any, out: Path
+) -> Iterator[Respond]:
     """``respond(items, prompts)``: the scored rows of a batch. A text benchmark makes one engine call and scores
     the responses; an env benchmark runs ``params.n`` episodes per item in an env pool under ``out/episodes``,
     closed on the way out."""

@@ -10,9 +10,9 @@ Scoring: the point the response names (:func:`mmrl.eval.extract.screen_point`: Q
 JSON, UI-R1 action lists, ``(x, y)``, ``[x1, y1, x2, y2]`` -> centre, ...) is mapped to original pixels and is
 correct iff ``x <= px <= x + w`` and ``y <= py <= y + h`` (edges included). The mapping is the option ``coords``:
 
-- ``model`` (default): the model's own coordinate frame, as the GUI reward uses it (:mod:`mmrl.model.families`:
+- ``model`` (default): the model's own coordinate frame, as the GUI reward uses it (:mod:`mmrl.model.geometry`:
   ``model.coordinate_frame``, else the frame of the checkpoint's family at ``model.path``, ``absolute`` pixels for
-  Qwen2.5-VL, ``normalized_1000`` for Qwen3-VL and Qwen3.5), mapped by :func:`mmrl.model.families.frame_to_original`.
+  Qwen2.5-VL, ``normalized_1000`` for Qwen3-VL and Qwen3.5), mapped by :func:`mmrl.processors.geometry.frame_to_original`.
 - ``absolute``: pixels of the image the model saw, resized on the checkpoint's own geometry (its processor at
   ``model.path``: a 28 or 32 px grid, or a fixed-size tower) with the run's ``min_pixels``/``max_pixels``; mapped back
   per axis. When scoring a prediction file, pass the model and the budget the predictions were made with; with no
@@ -36,7 +36,8 @@ from mmrl.config import opt
 from mmrl.eval.base import Benchmark, EvalError, EvalItem, Loaded, Score, register
 from mmrl.eval.extract import screen_point
 from mmrl.eval.loading import Record, fill, image_size, media, read_records, require, user_turn
-from mmrl.model.families import ModelView, frame_to_original
+from mmrl.model.checkpoint_files import ModelView
+from mmrl.processors.geometry import frame_to_original
 from mmrl.types import Sample
 
 EDGE_EPS = 1e-6  # pixels: a point on an edge stays on it after the float round trip of the coordinate mapping
@@ -47,7 +48,7 @@ PROMPT = "In this screenshot, where should I click to do this: {instruction}\nAn
 @dataclass
 class ScreenSpotOptions:
     coords: Literal["model", "absolute", "normalized", "normalized_1000", "original"] = opt(
-        "how the model writes points: model (its family's frame, mmrl.model.families), absolute (resized-image pixels, "
+        "how the model writes points: model (its family's frame, mmrl.model.geometry), absolute (resized-image pixels, "
         "Qwen2.5-VL), normalized (0-1), normalized_1000 (0-1000, Qwen3-VL, Qwen3.5) or original (original pixels)",
         "model",
     )
@@ -106,7 +107,7 @@ class ScreenSpot(Benchmark):
 
     @cached_property
     def frame(self) -> str:
-        """The :mod:`mmrl.model.families` frame the option ``coords`` names (``normalized`` is mapped on its own)."""
+        """The :mod:`mmrl.model.geometry` frame the option ``coords`` names (``normalized`` is mapped on its own)."""
         if self.opts.coords == "model":
             return self.view.frame
         return {"absolute": "model_pixels", "normalized_1000": "relative_1000"}.get(

@@ -1,5 +1,5 @@
 """Table recognition: a table image to LaTeX or HTML, scored with TEDS, TEDS-Structure, CW-SSIM and compile rate
-(the metrics of PubTabNet and Table2LaTeX-RL, ALGORITHMS.md §4).
+(the metrics of PubTabNet and Table2LaTeX-RL, docs/rewards.md#domain-rewards).
 
 Layouts, each a JSON/JSONL/parquet file (or saved HF dataset) with images beside it (option ``image_dir``, relative
 to the data file's folder; ``<split>/<file name>`` is tried too, PubTabNet's own tree):

@@ -35,7 +35,7 @@ PACKED: ContextVar[bool] = ContextVar("mmrl_packed", default=False)
 def resolve(name: str | None, device: torch.device, media_blocks: bool = False) -> str | None:
     """The ``attn_implementation`` to load the model with: ``auto`` -> flash-attention 2 on CUDA where installed,
     else :data:`NAME`; any other value as given (None: transformers' default). A model whose media tokens attend
-    to each other both ways (``media_blocks``, :func:`mmrl.model.families.media_blocks`: Gemma 3 and 4) gets :data:`NAME`
+    to each other both ways (``media_blocks``, :func:`mmrl.model.encoders.media_blocks`: Gemma 3 and 4) gets :data:`NAME`
     either way: flash-attention's kernels are causal only, so they would drop those blocks (and refuse packing)."""
     if name != "auto":
         return name

@@ -197,7 +197,7 @@ def media_probe(policy: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
 
     from PIL import Image
 
-    from mmrl.model.families import encoder_calls
+    from mmrl.model.encoders import encoder_calls
     from mmrl.types import Sample
 
     cached = getattr(policy, "_media_probe", None)

@@ -56,10 +56,10 @@ def _native_peft_targets():
 
 def lora_config(model: Any, cfg: ModelConfig) -> Any:
     """peft's ``LoraConfig`` for ``model.lora``; ``target_modules: auto`` is read from the model's module names
-    (:func:`mmrl.model.families.lora_targets`)."""
+    (:func:`mmrl.model.layout.lora_targets`)."""
     from peft import LoraConfig as PeftLoraConfig
 
-    from mmrl.model.families import expert_params, language_model_prefix, lora_targets
+    from mmrl.model.layout import expert_params, language_model_prefix, lora_targets
 
     lo = cfg.lora
     experts = expert_params(model)

@@ -3,15 +3,33 @@ encoded once for all its rows. The policy calls these; they read its model, proc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from mmrl.model import families, linear_attention
+from mmrl.model import encoders, linear_attention
 from mmrl.model.attention import PACKED
+from mmrl.model.prompt import padded
 
 if TYPE_CHECKING:
-    from mmrl.model.policy import EncodedPrompt, Policy
+    from contextlib import AbstractContextManager
+
+    from mmrl.model.prompt import EncodedPrompt
+
+
+class Policy(Protocol):
+    """What packing reads of its host, :class:`mmrl.model.policy.Policy` (declared here so that packing, which the
+    policy calls, never imports it)."""
+
+    model: Any
+    processor: Any
+    device: torch.device
+    pad_id: int
+
+    def autocast(self) -> AbstractContextManager: ...
+    def matched_tower_calls(self, mm: dict[str, Any]) -> AbstractContextManager: ...
+    def is_suppressed(self, tokens: torch.Tensor) -> torch.Tensor: ...
+    def last_hidden(self, **inputs: Any) -> torch.Tensor: ...
 
 
 def packed_hidden(
@@ -34,7 +52,7 @@ def packed_hidden(
     n = 0
     for p, c in zip(prompts, completions):
         ct = torch.as_tensor(c, dtype=torch.long)
-        row = torch.cat([p.input_ids, ct.masked_fill(pol._is_suppressed(ct), pol.pad_id)])
+        row = torch.cat([p.input_ids, ct.masked_fill(pol.is_suppressed(ct), pol.pad_id)])
         P, L = len(p.input_ids), len(row)
         rows.append(row)
         starts.append(n + P - 1)  # position n + P - 1 + t predicts completion token t
@@ -44,7 +62,7 @@ def packed_hidden(
             dtype = next(q.seq[k].dtype for q in prompts if k in q.seq)
             own = p.seq.get(k, torch.zeros(P, dtype=dtype))
             seq[k].append(torch.cat([own.to(dtype), torch.zeros(len(c), dtype=dtype)]))
-        mrope.append(families.rope_positions(pol.model, row, p.mm, {k: v[-1] for k, v in seq.items()}))
+        mrope.append(encoders.rope_positions(pol.model, row, p.mm, {k: v[-1] for k, v in seq.items()}))
     positions = torch.cat(text_pos)[None]  # [1, N]
     if mrope[0] is not None:  # [1 + k, 1, N]: text positions first, then the model's k rope axes
         positions = torch.cat([positions[None], torch.cat(mrope, dim=-1)[:, None]], dim=0)
@@ -78,16 +96,16 @@ def encode_media_once(
 ) -> dict[str, Any]:
     """Vision once per prompt: the G rows of a group share one :class:`EncodedPrompt`, and the vision tower encodes
     the micro-batch's distinct prompts' images (and videos) in one call per modality, batched as a processor batches
-    them (:func:`_media_batch`); the output is split back per prompt (:func:`mmrl.model.families.split_encoder_outputs`)
+    them (:func:`_media_batch`); the output is split back per prompt (:func:`mmrl.model.encoders.split_encoder_outputs`)
     and each row gets its prompt's features, handed to the model as ``mm_encoder_outputs`` (its pixel inputs are
     taken out of ``mm``). With a trainable tower the gradients of all rows flow into the one encoding. Returns
     ``{"mm_encoder_outputs": ...}``, or nothing where the model takes no precomputed features
-    (:func:`mmrl.model.families.encoder_calls`; transformers before 5.18, warned once: :func:`_warn_unshared`) or no
+    (:func:`mmrl.model.encoders.encoder_calls`; transformers before 5.18, warned once: :func:`_warn_unshared`) or no
     prompt repeats (the model's own forward then encodes the micro-batch,
     in one call too). One tower call per micro-batch and modality whatever the prompts, as in the padded path, so it
     holds under FSDP, where every sharded block's forward and backward is a collective that all ranks must run
     alike (the update gives every rank the same number of micro-batches: :class:`mmrl.train.update.PolicyUpdate`)."""
-    calls = families.encoder_calls(pol.model)
+    calls = encoders.encoder_calls(pol.model)
     if len({id(p) for p in prompts}) == len(prompts):
         return {}
     if not calls:
@@ -104,7 +122,7 @@ def encode_media_once(
         encoded = fn(inputs.pop(pixels), return_dict=True, **inputs)
         name = f"{pol.model.config.model_type} {modality}"
         parts = dict(zip(map(id, distinct), _split(encoded, distinct, pixels, takes, name)))
-        out[modality] = families.concat_encoder_outputs([parts[id(p)] for p in rows])
+        out[modality] = encoders.concat_encoder_outputs([parts[id(p)] for p in rows])
         mm.pop(pixels)
     return {"mm_encoder_outputs": out} if out else {}
 
@@ -129,39 +147,37 @@ def _warn_unshared(pol: Policy) -> None:
 
 
 def _split(encoded: Any, prompts: list[EncodedPrompt], pixels: str, takes: set[str], name: str) -> list[Any]:
-    """The one encoding of ``prompts``' media cut back per prompt, by their items (:func:`families.encoder_items`),
+    """The one encoding of ``prompts``' media cut back per prompt, by their items (:func:`encoders.encoder_items`),
     or where the output holds tiles instead (Idefics3 under transformers before 5.23) by their real tiles."""
-    counts = [families.encoder_items(p.mm, pixels, takes) for p in prompts]
+    counts = [encoders.encoder_items(p.mm, pixels, takes) for p in prompts]
     try:
-        return families.split_encoder_outputs(encoded, counts, name)
+        return encoders.split_encoder_outputs(encoded, counts, name)
     except ValueError:
-        tiles = [families.encoder_tiles(p.mm, pixels) for p in prompts]
+        tiles = [encoders.encoder_tiles(p.mm, pixels) for p in prompts]
         if None in tiles:
             raise
-        return families.split_encoder_outputs(encoded, tiles, name)
+        return encoders.split_encoder_outputs(encoded, tiles, name)
 
 
 def _media_batch(pol: Policy, prompts: list[EncodedPrompt], keys: set[str]) -> dict[str, torch.Tensor]:
     """The prompts' media tensors named in ``keys`` as one batch's, on the model's device: concatenated along dim 0
-    in order and padded past it to a common shape as a processor pads a batch (:func:`mmrl.model.policy._padded`: with
+    in order and padded past it to a common shape as a processor pads a batch (:func:`mmrl.model.prompt.padded`: with
     -1 for patch positions), floating-point ones in the model's dtype."""
-    from mmrl.model.policy import _padded
-
     out = {}
     for key in sorted(keys):
         fill = -1 if key.endswith("position_ids") else 0
-        t = torch.cat(_padded([p.mm[key] for p in prompts if key in p.mm], fill), dim=0).to(pol.device)
+        t = torch.cat(padded([p.mm[key] for p in prompts if key in p.mm], fill), dim=0).to(pol.device)
         out[key] = t.to(pol.model.dtype) if t.is_floating_point() else t
     return out
 
 
 def _media_blocks(pol: Policy, mm: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The packed row's two-way media blocks (:func:`mmrl.model.families.media_blocks`), for ``mmrl_sdpa``: each run of
+    """The packed row's two-way media blocks (:func:`mmrl.model.encoders.media_blocks`), for ``mmrl_sdpa``: each run of
     media tokens gets its own id (-1 elsewhere), numbered along the whole row so that no block spans two
     sequences, handed to the attention as ``mmrl_media_blocks = (ids [N], layer types)``. The keyword travels with
     the layers' other keywords (the cumulative lengths), so a layer recomputed by gradient checkpointing in the
     backward gets it again. Empty where the model has none or the row holds no media token."""
-    spec = families.media_blocks(pol.model, pol.processor)
+    spec = encoders.media_blocks(pol.model, pol.processor)
     if spec is None or spec[0] not in mm:
         return {}
     key, values, layers = spec
@@ -177,7 +193,7 @@ def _media_blocks(pol: Policy, mm: dict[str, torch.Tensor]) -> dict[str, Any]:
 
 
 def _packed_forward(pol: Policy, rows, positions, cu, lengths, mm, dev) -> torch.Tensor:
-    return pol._last_hidden(
+    return pol.last_hidden(
         input_ids=torch.cat(rows)[None].to(dev),
         position_ids=positions.to(dev),
         use_cache=False,

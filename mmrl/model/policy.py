@@ -9,7 +9,7 @@ a common length P and completions RIGHT-padded to a common length T, giving ``[p
 Qwen2.5-VL's M-RoPE positions are computed from the attention mask, so the completion's positions equal those the
 model used while generating it; the rollout engine's log-probs then match the training forward's (tested to 1e-5).
 Images are resized by :func:`mmrl.processors.image.prepare_image` to the checkpoint's own geometry (read from its
-processor, :attr:`Policy.geometry`, :mod:`mmrl.model.families`: Qwen's ``smart_resize`` on a 28 or 32 px grid, or a fixed
+processor, :attr:`Policy.geometry`, :mod:`mmrl.model.geometry`: Qwen's ``smart_resize`` on a 28 or 32 px grid, or a fixed
 size such as Gemma 3's) before the HF processor sees them, so the model-input size of every image is known exactly
 and rewards can map coordinates back.
 
@@ -52,7 +52,6 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
@@ -62,14 +61,15 @@ import torch
 import torch.nn.functional as F
 
 from mmrl.config import ModelConfig
+from mmrl.model.checkpoint_files import resolve_model_path
 from mmrl.model.logprobs import selective_logprobs
 from mmrl.model.lora import add_lora, lora_layers, lora_owner, merge_lora
+from mmrl.model.prompt import EncodedPrompt, opened_think, padded
 from mmrl.types import Sample
 
 if TYPE_CHECKING:
-    from mmrl.model.families import VisionGeometry
+    from mmrl.model.geometry import VisionGeometry
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 log = logging.getLogger("mmrl.model.policy")
 
 # config attributes naming the vision placeholder tokens across HF VLMs (Qwen2/2.5-VL, LLaVA-style, ...)
@@ -97,44 +97,6 @@ SAMPLING_FIELDS = (
     "sequence_bias", "min_length", "min_new_tokens", "forced_bos_token_id", "forced_eos_token_id",
     "exponential_decay_length_penalty", "encoder_repetition_penalty", "guidance_scale",
 )  # fmt: skip
-
-
-@dataclass
-class EncodedPrompt:
-    """One tokenised prompt with its multimodal tensors (interpreted only by :class:`Policy`)."""
-
-    sample_id: str
-    input_ids: torch.Tensor  # [L]
-    mm: dict[str, torch.Tensor] = field(default_factory=dict)  # per-prompt tensors, concatenated along dim 0
-    seq: dict[str, torch.Tensor] = field(
-        default_factory=dict
-    )  # [L] tensors aligned with input_ids, padded with 0
-    image_sizes: list[tuple[int, int]] = field(default_factory=list)  # original (w, h)
-    model_image_sizes: list[tuple[int, int]] = field(default_factory=list)  # (w, h) the model saw
-    # The same prompt in a rollout engine's own form (vLLM): the chat-templated text with ONE placeholder per image
-    # or video (the engine expands it), and the media exactly as the policy encoded them (after smart_resize).
-    text: str = ""
-    images: list[Any] = field(default_factory=list)  # PIL images, model size
-    videos: list[Any] = field(default_factory=list)  # [frames, H, W, 3] uint8 arrays, model size
-    video_fps: list[float] = field(default_factory=list)
-    coordinate_frame: str = "model_pixels"  # the frame points are written in (mmrl.model.families.coordinate_frame)
-    # what the chat template already wrote of the response: an opened think block (Qwen3.5's generation prompt ends
-    # with "<think>\n"); rewards see it before the completion, so a format check finds the opening tag
-    response_prefix: str = ""
-    # A multi-turn context's engine form (mmrl.rollout.episodes.Trajectory.context, whose ``text`` is empty): the first
-    # prompt's text, then alternately ids appended as they are (a turn's sampled ids and any appended end-of-turn
-    # marker) and the rendered text of an observation (ONE placeholder per image, as ``text``); the engine tokenises
-    # the texts (the first as it tokenises ``text``, the others without special tokens) and expands the placeholders
-    # over ``images`` in order.
-    parts: list[str | list[int]] = field(default_factory=list)
-
-
-def resolve_model_path(path: str) -> str:
-    """A local folder (relative to the working directory or the repository) or a hub id, returned as given."""
-    for cand in (Path(path), REPO_ROOT / path):
-        if cand.is_dir():
-            return str(cand)
-    return path
 
 
 def pick_device(name: str) -> torch.device:
@@ -165,9 +127,9 @@ class Policy:
         self._suppress_host = (
             self.suppress_mask.cpu()
         )  # host copies: checks on completions never sync the device
-        self._suppressed_ids = frozenset(t for t in self.suppressed_token_ids if t < vocab)
+        self.suppressed_id_set = frozenset(t for t in self.suppressed_token_ids if t < vocab)
         # the same ids on the device, for scoring (selective_logprobs sets them by index; no nonzero() per call)
-        self.suppress_ids = torch.tensor(sorted(self._suppressed_ids), dtype=torch.long, device=self.device)
+        self.suppress_ids = torch.tensor(sorted(self.suppressed_id_set), dtype=torch.long, device=self.device)
         self.sharded: list[torch.nn.Module] = []  # FSDP2 modules, root last (see shard())
         self._gathered = False  # inside full_weights(): every rank holds the whole model
         self.replica: torch.nn.Module | None = None  # the DDP module that sums gradients (see replicate())
@@ -198,7 +160,7 @@ class Policy:
         micro-batch of an optimizer step); the others accumulate locally (``no_sync``)."""
         return self.replica.no_sync() if self.replica is not None and not sync else nullcontext()
 
-    def _scored(self, fn, *args):
+    def scored(self, fn, *args):
         """Run a scoring function (backbone + chunked head) where FSDP gathers the root's weights for it, or inside
         DDP's forward when gradients are wanted."""
         if self.sharded:
@@ -245,7 +207,7 @@ class Policy:
             from transformers import AutoConfig
 
             from mmrl.model.attention import resolve
-            from mmrl.model.families import media_blocks
+            from mmrl.model.encoders import media_blocks
 
             blocks = (
                 media_blocks(SimpleNamespace(config=AutoConfig.from_pretrained(src)), processor) is not None
@@ -277,7 +239,7 @@ class Policy:
             if conf is not None and isinstance(getattr(conf, "attention_dropout", None), float):
                 conf.attention_dropout = 0.0
         if cfg.freeze_vision or not trainable:
-            from mmrl.model.families import is_vision_param, language_model_prefix
+            from mmrl.model.layout import is_vision_param, language_model_prefix
 
             decoder = language_model_prefix(model)
             for name, p in model.named_parameters():
@@ -352,8 +314,8 @@ class Policy:
     # ---------------------------------------------------------------- encoding
     @cached_property
     def geometry(self) -> VisionGeometry:
-        """This checkpoint's image and video geometry, read from its processor (:mod:`mmrl.model.families`)."""
-        from mmrl.model.families import vision_geometry
+        """This checkpoint's image and video geometry, read from its processor (:mod:`mmrl.model.geometry`)."""
+        from mmrl.model.geometry import vision_geometry
 
         return vision_geometry(self.processor)
 
@@ -375,8 +337,8 @@ class Policy:
     @cached_property
     def coordinate_frame(self) -> str:
         """The frame this checkpoint writes points and boxes in: ``model.coordinate_frame``, else its family's
-        (:func:`mmrl.model.families.coordinate_frame`)."""
-        from mmrl.model.families import coordinate_frame
+        (:func:`mmrl.processors.geometry.coordinate_frame`)."""
+        from mmrl.processors.geometry import coordinate_frame
 
         return coordinate_frame(getattr(self.model.config, "model_type", None), self.cfg.coordinate_frame)
 
@@ -471,7 +433,7 @@ class Policy:
             videos,
             video_meta,
             self.coordinate_frame,
-            _opened_think(text) if extra_messages is None else "",
+            opened_think(text) if extra_messages is None else "",
         )
 
     # ---------------------------------------------------------------- batching
@@ -491,7 +453,7 @@ class Policy:
             mask[i, P - L : P] = 1
             if completions is not None and completions[i]:
                 c = torch.as_tensor(completions[i], dtype=torch.long)
-                ids[i, P : P + len(c)] = c.masked_fill(self._is_suppressed(c), self.pad_id)
+                ids[i, P : P + len(c)] = c.masked_fill(self.is_suppressed(c), self.pad_id)
                 mask[i, P : P + len(c)] = 1
         mm: dict[str, torch.Tensor] = {}
         for key in sorted({k for p in prompts for k in p.seq}):
@@ -501,7 +463,7 @@ class Policy:
                     t[i, P - len(p.input_ids) : P] = p.seq[key]
             mm[key] = t.to(self.device)
         for key in sorted({k for p in prompts for k in p.mm}):
-            parts = _padded(
+            parts = padded(
                 [p.mm[key] for p in prompts if key in p.mm], -1 if key.endswith("position_ids") else 0
             )
             mm[key] = torch.cat(parts, dim=0).to(self.device)
@@ -509,7 +471,7 @@ class Policy:
                 mm[key] = mm[key].to(self.model.dtype)
         return ids.to(self.device), mask.to(self.device), mm, P
 
-    def _is_suppressed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def is_suppressed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._suppress_host[tokens.clamp(0, len(self._suppress_host) - 1)] & (
             tokens < len(self._suppress_host)
         )
@@ -531,7 +493,7 @@ class Policy:
         for i, c in enumerate(completions):
             target[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
         with self.autocast(), self.matched_tower_calls(mm):
-            last = self._last_hidden(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
+            last = self.last_hidden(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
         hidden = last[:, P - 1 : P + T - 1]  # position P-1+t predicts token P+t
         return hidden, target.to(self.device), attn[:, P:].float()
 
@@ -546,10 +508,10 @@ class Policy:
     @cached_property
     def packs(self) -> bool:
         """Whether micro-batches are scored packed: ``model.packing``, the family can
-        (:func:`mmrl.model.families.packing_support`) and the attention attends each packed sequence alone
+        (:func:`mmrl.model.encoders.packing_support`) and the attention attends each packed sequence alone
         (:func:`mmrl.model.attention.is_varlen`; under plain ``sdpa`` a packed row would cost ``N^2`` attention)."""
         from mmrl.model.attention import is_varlen
-        from mmrl.model.families import packing_support
+        from mmrl.model.encoders import packing_support
 
         attn = getattr(self.model.config, "_attn_implementation", None)
         return self.cfg.packing and is_varlen(attn) and packing_support(self.model, self.processor, attn)[0]
@@ -563,7 +525,7 @@ class Policy:
 
         return matched_tower_calls(self, mm)
 
-    def _last_hidden(self, **inputs: Any) -> torch.Tensor:
+    def last_hidden(self, **inputs: Any) -> torch.Tensor:
         """The final hidden states ``[B, L, H]`` (after the last norm, before the head) of a forward with the media:
         from the model's multimodal backbone (``model.model``) where it has one; else (Llama 4, whose head sits
         inside its language model) captured from the text decoder's output during a full forward that computes the
@@ -598,7 +560,7 @@ class Policy:
         completion tokens only (0 elsewhere). ``packed``: see :meth:`completion_hidden`. Vision placeholders are
         outside the policy's support: a completion holding one is an engine bug and is refused.
         """
-        suppressed = self._suppressed_ids  # a host-side set: no device sync per completion token
+        suppressed = self.suppressed_id_set  # a host-side set: no device sync per completion token
         for c in completions:
             bad = suppressed.intersection(c)
             if bad:
@@ -630,7 +592,7 @@ class Policy:
             entropy = None if ent is None else mask.new_zeros(B * T).index_put((keep,), ent[0]).view(B, T)
             return logp, entropy, mask
 
-        return self._scored(score)
+        return self.scored(score)
 
     def sequence_nll(
         self, prompts: list[EncodedPrompt], targets: list[list[int]], label_smoothing: float = 0.0
@@ -648,7 +610,7 @@ class Policy:
             )
             return (ce * mask).sum() / mask.sum().clamp(min=1.0)
 
-        return self._scored(score)
+        return self.scored(score)
 
     # ---------------------------------------------------------------- LoRA, weights, saving
     @contextmanager
@@ -733,11 +695,11 @@ def _checkpoint_layout(
     ``model.vision_tower.*``) and reverts the conversion on saving (``revert_weight_conversion``); an engine that
     loads checkpoints (vLLM) expects the saved layout. Reverted tensor by tensor, so nothing is gathered; a tensor
     whose conversion needs others (none of the supported families has one) keeps its in-memory name. Weights whose
-    release layout is transposed (:func:`mmrl.model.families.release_transposes`: Qwen3-VL-MoE's experts) are transposed
+    release layout is transposed (:func:`mmrl.model.layout.release_transposes`: Qwen3-VL-MoE's experts) are transposed
     here, since transformers' revert leaves them as they are in memory."""
     from transformers.core_model_loading import revert_weight_conversion
 
-    from mmrl.model.families import release_transposes
+    from mmrl.model.layout import release_transposes
 
     transposes = [(re.compile(p), d0, d1) for p, d0, d1 in release_transposes(model)]
     for key, tensor in items:
@@ -750,28 +712,6 @@ def _checkpoint_layout(
                 if pattern.search(name) and t.shape == model.get_parameter(key).shape:
                     t = t.transpose(d0, d1).contiguous()
             yield name, t
-
-
-def _opened_think(text: str) -> str:
-    """The think block a generation prompt leaves open (``<think>`` and the whitespace after it), else ``""``."""
-    m = re.search(r"<think>\s*$", text)
-    return m.group(0) if m else ""
-
-
-def _padded(parts: list[torch.Tensor], fill: int = 0) -> list[torch.Tensor]:
-    """Prompts' media tensors padded past dim 0 to a common shape with ``fill``, as the processors pad a batch
-    themselves (tiles per image in Idefics3 and LLaVA-OneVision with zeros, image sides in Pixtral, Gemma 4's patch
-    positions with -1): the models find the real extent from the masks, sizes and positions that come with them, or
-    drop all-zero tiles."""
-    if len({t.shape[1:] for t in parts}) <= 1:
-        return parts
-    shape = [max(t.shape[d] for t in parts) for d in range(1, parts[0].dim())]
-    out = []
-    for t in parts:
-        pad = t.new_full((t.shape[0], *shape), fill)
-        pad[tuple(slice(0, n) for n in t.shape)] = t
-        out.append(pad)
-    return out
 
 
 class _Scoring(torch.nn.Module):

@@ -64,7 +64,7 @@ class ModelShapes:
     vision_matmul_weights: int = 0
     first_matmul: str | None = None
     decoder: str = (
-        "model.language_model"  # the text decoder's module name (mmrl.model.families.language_model_prefix)
+        "model.language_model"  # the text decoder's module name (mmrl.model.layout.language_model_prefix)
     )
     tokens_per_image: int = 0  # a fixed-size tower's tokens per image (Gemma 3: 256); 0: dynamic resolution
     patches_per_image: int = 0  # and the patches its tower sees
@@ -77,7 +77,7 @@ class ModelShapes:
 def config_folder(model_path: str, model_config: str | None = None) -> Path:
     """The folder holding the checkpoint's ``config.json``: ``model_config`` when given, else the model folder, else
     the HF cache's copy of a hub id, else the folder shipped under ``mmrl/plan/configs/`` with the hub id's name."""
-    from mmrl.model.policy import resolve_model_path
+    from mmrl.model.checkpoint_files import resolve_model_path
 
     for cand in (model_config, resolve_model_path(model_path)):
         if cand and (Path(cand) / "config.json").is_file():
@@ -114,7 +114,7 @@ def model_shapes(folder: str) -> ModelShapes:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from mmrl.model.families import is_vision_param, language_model_prefix
+    from mmrl.model.layout import is_vision_param, language_model_prefix
 
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
@@ -359,7 +359,7 @@ class Setup:
 
 
 def setup(cfg: Config, opts: PlanOptions | None = None) -> Setup:
-    from mmrl.model.families import is_vision_param
+    from mmrl.model.layout import is_vision_param
 
     opts = opts or PlanOptions()
     shapes = model_shapes(str(config_folder(cfg.model.path, opts.model_config)))
@@ -440,7 +440,7 @@ def _adapter_params(shapes: ModelShapes, cfg: Config) -> int:
 def adapted(shapes: ModelShapes, cfg: Config) -> list[tuple[str, int, int]]:
     """The Linear layers peft adapts: a string is a regex that must match the whole name, a list matches name
     suffixes (peft's ``check_target_module_exists``)."""
-    from mmrl.model.families import lora_targets
+    from mmrl.model.layout import lora_targets
 
     target = cfg.model.lora.target_modules
     if target == "auto":

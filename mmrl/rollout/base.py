@@ -1,11 +1,13 @@
-"""The rollout-engine interface."""
+"""The rollout-engine contract: what the trainer, the episode driver, pre-flight checks and ``mmrl eval`` may ask of an
+engine. Every engine subclasses :class:`RolloutEngine`; callers use these members and nothing else."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, ClassVar, Literal
 
-from mmrl.registry import Registry
+from mmrl.registry import Registry, validate_kwargs
 
 
 @dataclass(frozen=True)
@@ -25,14 +27,38 @@ class Completion:
     finish_reason: Literal["stop", "length"]
 
 
-class RolloutEngine(Protocol):
+class RolloutEngine(ABC):
+    """Built as ``ENGINES.get(name)(policy, batch_size=..., **rollout.engine_options)``."""
+
+    # True: the engine keeps its own copy of the weights, synced by :meth:`sync_weights` (generation needs no FSDP
+    # gather, and the whole batch goes to it at once: it schedules requests itself); False: it generates with the
+    # policy's own modules, ``batch_size`` prompts at a time
+    owns_weights: ClassVar[bool] = False
+    batch_size: int
+
+    @classmethod
+    def check(cls) -> None:
+        """Pre-flight, before any model loads: raise ImportError with the install command when the engine's package is
+        missing or outside its tested range."""
+        return None
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """Pre-flight: raise ValueError naming the first of ``rollout.engine_options`` the engine would refuse. By
+        default the options are the constructor's keywords."""
+        validate_kwargs(cls, options, "engine options", skip=("policy", "batch_size"))
+
+    @abstractmethod
     def generate(self, prompts: list, params: SamplingParams) -> list[list[Completion]]:
         """``params.n`` completions for each prompt, in prompt order."""
-        ...
 
+    @abstractmethod
     def sync_weights(self) -> None:
         """Make the engine sample from the policy's current weights (a no-op when they share memory)."""
-        ...
+
+    def close(self) -> None:
+        """Release what the engine holds (processes, process groups); idempotent. Called on every rank at the end."""
+        return None
 
 
-ENGINES: Registry[type] = Registry("rollout engine")
+ENGINES: Registry[type[RolloutEngine]] = Registry("rollout engine")

@@ -1,4 +1,4 @@
-"""The episode driver: multi-turn rollouts built by appending token ids (issue 20 §1, ALGORITHMS.md §6).
+"""The episode driver: multi-turn rollouts built by appending token ids (issue 20 §1, docs/agents.md#step-level-credit).
 
 An episode is ``prompt | completion_1 | obs_1 | completion_2 | obs_2 | ... | completion_k``. Each turn the driver
 hands every live episode's whole current sequence to ONE ``engine.generate`` call, steps every live episode in the
@@ -79,8 +79,9 @@ import torch
 
 from mmrl.algos.advantages import Turn
 from mmrl.model.logprobs import selective_logprobs
-from mmrl.model.policy import EncodedPrompt, Policy, _opened_think
-from mmrl.rollout.base import Completion, SamplingParams
+from mmrl.model.policy import Policy
+from mmrl.model.prompt import EncodedPrompt, opened_think
+from mmrl.rollout.base import Completion, RolloutEngine, SamplingParams
 from mmrl.types import Sample
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ def observation_delta(
         if k not in ("input_ids", "attention_mask") and v.dim() == 2 and v.shape[0] == 1 and v.shape[1] == L
     }
     return Delta(
-        out["input_ids"][0].tolist(), seq, rendered, imgs, sizes, model_sizes, _opened_think(rendered)
+        out["input_ids"][0].tolist(), seq, rendered, imgs, sizes, model_sizes, opened_think(rendered)
     )
 
 
@@ -419,7 +420,7 @@ class ImageBudget:
 
 def run_episodes(
     policy: Policy,
-    engine: Any,
+    engine: RolloutEngine,
     samples: list[Sample],
     params: SamplingParams,
     *,
@@ -597,7 +598,9 @@ def _after_step(policy: Policy, t: Trajectory, res: StepResult, turn: int, limit
     return True
 
 
-def _generate(engine: Any, contexts: list[EncodedPrompt], params: SamplingParams) -> list[Completion]:
+def _generate(
+    engine: RolloutEngine, contexts: list[EncodedPrompt], params: SamplingParams
+) -> list[Completion]:
     """One engine call for all contexts, one completion each. Contexts shared (the same object) by the same number
     of episodes are sampled as that many completions of one prompt (the single-turn call; vision runs once)."""
     counts = Counter(id(c) for c in contexts)
@@ -649,7 +652,7 @@ def trajectory_logprobs(
     every turn, scoring the sampled tokens (mask 1). Returns ``logp [B, T]`` (0 on environment tokens and padding),
     the entropy (or None) and ``mask [B, T]`` (1 on sampled tokens), T the longest response. Padded layout (left
     padding, as :meth:`Policy.collate`); gradients flow through ``logp`` unless under ``torch.no_grad()``."""
-    suppressed = policy._suppressed_ids
+    suppressed = policy.suppressed_id_set
     for t in trajectories:
         bad = suppressed.intersection(tok for tok, m in zip(t.response, t.mask) if m)
         if bad:
@@ -678,7 +681,7 @@ def trajectory_logprobs(
     def score() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         with policy.autocast():
             with policy.matched_tower_calls(mm):
-                last = policy._last_hidden(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
+                last = policy.last_hidden(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
             hidden = last[torch.tensor(rows, device=last.device), torch.tensor(cols, device=last.device)]
             lp, ent = selective_logprobs(
                 policy.model.get_output_embeddings(),
@@ -696,4 +699,4 @@ def trajectory_logprobs(
         entropy = None if ent is None else mask.new_zeros(B * T).index_put((keep,), ent[0]).view(B, T)
         return logp, entropy, mask
 
-    return policy._scored(score)
+    return policy.scored(score)

@@ -35,8 +35,9 @@ import torch.nn.functional as F
 
 from mmrl.model.logprobs import fp32_head
 from mmrl.model.packing import encode_media_once
-from mmrl.model.policy import EncodedPrompt, Policy
-from mmrl.rollout.base import ENGINES, Completion, SamplingParams
+from mmrl.model.policy import Policy
+from mmrl.model.prompt import EncodedPrompt
+from mmrl.rollout.base import ENGINES, Completion, RolloutEngine, SamplingParams
 
 log = logging.getLogger("mmrl.rollout")
 
@@ -129,7 +130,7 @@ def _warn_truncated_sampling(params: SamplingParams) -> None:
 
 
 @ENGINES.register("hf")
-class HFEngine:
+class HFEngine(RolloutEngine):
     def __init__(self, policy: Policy, batch_size: int = 16):
         self.policy = policy
         self.batch_size = batch_size

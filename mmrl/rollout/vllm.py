@@ -65,8 +65,9 @@ from typing import Any
 
 import torch
 
-from mmrl.model.policy import EncodedPrompt, Policy
-from mmrl.rollout.base import ENGINES, Completion, SamplingParams
+from mmrl.model.policy import Policy
+from mmrl.model.prompt import EncodedPrompt
+from mmrl.rollout.base import ENGINES, Completion, RolloutEngine, SamplingParams
 
 log = logging.getLogger("mmrl.rollout")
 
@@ -141,7 +142,7 @@ def _release_cached_blocks() -> None:
 
 
 @ENGINES.register("vllm")
-class VLLMEngine:
+class VLLMEngine(RolloutEngine):
     """Rollouts from a colocated ``vllm.LLM``.
 
     ``batch_size`` is accepted for the common engine signature; vLLM schedules all prompts of a call itself (at most
@@ -165,8 +166,8 @@ class VLLMEngine:
 
     owns_weights = True  # its own copy, synced after each update: generation needs no FSDP gather
 
-    @staticmethod
-    def check() -> None:
+    @classmethod
+    def check(cls) -> None:
         """Raise ImportError with the install command when vLLM is missing or outside :data:`VLLM_VERSIONS` (cheap:
         the installed package's metadata is read, nothing is imported)."""
         from packaging.specifiers import SpecifierSet
@@ -181,8 +182,8 @@ class VLLMEngine:
                 f"vllm{VLLM_VERSIONS}: {INSTALL_HINT}"
             )
 
-    @staticmethod
-    def check_options(options: dict[str, Any]) -> None:
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
         """Raise ValueError naming the first option that ``vllm.LLM`` would refuse (with the nearest valid one), or
         that mmrl sets itself."""
         valid = (set(OWN_OPTIONS) | _engine_arg_names()) - set(RESERVED_OPTIONS)
@@ -438,7 +439,7 @@ def _hybrid(policy: Policy) -> bool:
 
 
 def _processor_kwargs(policy: Policy) -> dict[str, Any]:
-    """The policy's processor settings (:meth:`mmrl.model.families.VisionGeometry.processor_kwargs`); a grid processor
+    """The policy's processor settings (:meth:`mmrl.model.geometry.VisionGeometry.processor_kwargs`); a grid processor
     also gets the run's pixel budget as its ``size``, which vLLM reads to size its multimodal profiling."""
     geo = policy.geometry
     kwargs = geo.processor_kwargs()

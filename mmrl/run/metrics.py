@@ -75,7 +75,7 @@ def rollout_images(out: Path, step: int, rows: list[dict[str, Any]]) -> list[Log
     (``rollouts/<b>/input``, ``input_1``, ...) captioned with its id, answer and rewards, and, where
     ``train.keep_renders`` kept them, the target render and the renders of its best and worst response
     (``rollouts/<b>/target_render``, ``best_render``, ``worst_render``). Files that are not there are left out."""
-    from mmrl.rewards.latex_table import render_stem
+    from mmrl.types import render_stem
 
     images: list[LoggedImage] = []
     for b, row in enumerate(rows):

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmrl.model.families import ModelView
+from mmrl.model.checkpoint_files import ModelView
 
 GALLERY_STEPS = 4  # logged steps shown in the HTML gallery (each logs a few groups)
 _NOT_PARTS = {"reward/mean", "reward/std", "reward/errors"}

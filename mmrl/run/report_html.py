@@ -9,14 +9,12 @@ What the reward saw:
 - rendering rewards (``train.keep_renders``) keep ``renders/step-N/<id>-<j>/<id>-response.png`` next to
   ``<id>-reference.png``, or ``<id>-response.error.txt`` with the reason the response did not render; they are shown
   side by side, never re-rendered;
-- rewards that judge a place in the image have an overlay (``OVERLAYS``, by reward name, for the rewards the run
-  used): ``gui_action`` draws the predicted click on the screenshot with the target box, ``pathology`` the predicted
+- rewards that judge a place in the image have an overlay, which each declares when it registers
+  (:attr:`mmrl.rewards.base.RewardSpec.overlay`; drawn for the rewards the run used): ``gui_action`` draws the predicted click on the screenshot with the target box, ``pathology`` the predicted
   region over the tissue with the target region; each parses and maps coordinates with its reward's own functions,
   and the model-input size and coordinate frame are rebuilt from the run's ``model`` settings (its checkpoint's
-  geometry and family frame, :class:`mmrl.model.families.ModelView`), since rollouts.jsonl keeps no sizes. A new reward
-  adds its overlay with one line here: ``"name": "module:function"``, the function taking ``(image, row, response,
-  view)`` (``row``: the group's rollouts.jsonl row, with ``answer``, ``id`` and ``metadata``; ``view``: the
-  :class:`~mmrl.model.families.ModelView`) and returning ``(image, caption)`` or None;
+  geometry and family frame, :class:`mmrl.model.checkpoint_files.ModelView`), since rollouts.jsonl keeps no sizes. A new reward
+  declares its overlay in ``register_reward(name, overlay="module:function")``;
 - videos are shown as key frames (``KEY_FRAMES`` of them, evenly spaced, read by the project's video processor).
 
 Multi-turn episodes (a response with ``turns``, see :mod:`mmrl.rollout.episodes`) are shown as a strip under their response,
@@ -35,7 +33,6 @@ single-turn rewards are not drawn for episodes: they would judge the last turn's
 from __future__ import annotations
 
 import base64
-import importlib
 import io
 import json
 from collections.abc import Callable
@@ -47,18 +44,15 @@ import jinja2
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from mmrl.model.families import ModelView
-from mmrl.rewards.gui import POINTING_ACTIONS, parse_action, parse_reference, to_original
-from mmrl.rewards.latex_table import render_stem
+from mmrl.model.checkpoint_files import ModelView
+from mmrl.processors.image import thumbnail
+from mmrl.rewards.base import reward_overlay
+from mmrl.types import render_stem
 
 THUMB_SIDE = 384  # longest side of an embedded image, in CSS pixels
 STRIP_SIDE = 256  # longest side of a screen in an episode's strip
 ACTION_LIMIT = 1500  # characters of a turn's action shown
 KEY_FRAMES = 4  # frames shown per video
-OVERLAYS = {  # reward name -> "module:function" drawing what the reward judged on the input image
-    "gui_action": "mmrl.run.report_html:gui_overlay",
-    "pathology": "mmrl.recipes.pathology.view:report_overlay",
-}
 Overlay = Callable[[Image.Image, dict[str, Any], str, tuple[int, int]], "tuple[Image.Image, str] | None"]
 TEXT_LIMIT = 4000  # characters of a response shown; the rest is cut with a note
 
@@ -125,13 +119,6 @@ def data_uri(img: Image.Image) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _thumbnail(img: Image.Image, side: int = THUMB_SIDE) -> tuple[Image.Image, float]:
-    scale = min(1.0, side / max(img.size))
-    if scale < 1.0:
-        img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))))
-    return img.convert("RGB"), scale
-
-
 def _resolve(path: str, out: Path) -> Path | None:
     """Image paths in rollouts.jsonl are as the trainer saw them: absolute, or relative to where it ran."""
     p = Path(path)
@@ -163,59 +150,10 @@ def _renders(out: Path, step: int, b: int, j: int, sample_id: str, view: Respons
             view.render_errors.append((f"{caption} failed", err.read_text(errors="replace")[:TEXT_LIMIT]))
 
 
-def gui_overlay(
-    screen: Image.Image, row: dict[str, Any], text: str, view: ModelView | tuple[int, int]
-) -> tuple[Image.Image, str] | None:
-    """The screenshot with the target (green) and the predicted click mapped to original pixels (red); None when
-    the answer is not a GUI action."""
-    answer, sample_id = row.get("answer"), str(row.get("id", "?"))
-    if not isinstance(answer, (str, dict)):
-        return None
-    try:
-        target = parse_reference(answer, sample_id)
-    except (ValueError, TypeError):
-        return None
-    w, h = screen.size
-    model = ModelView.of(view)
-    meta = model.metadata(w, h)
-    mapper = to_original(meta)
-    thumb, s = _thumbnail(screen)
-    draw = ImageDraw.Draw(thumb)
-    if target.box is not None:
-        x1, y1, x2, y2 = (v * s for v in target.box)
-        draw.rectangle([x1, y1, x2, y2], outline=(0, 170, 0), width=3)
-    elif target.point is not None:
-        tx, ty = target.point[0] * s, target.point[1] * s
-        draw.ellipse([tx - 6, ty - 6, tx + 6, ty + 6], outline=(0, 170, 0), width=3)
-    pred = parse_action(text)
-    if pred is None:
-        return thumb, "no action parsed from the answer"
-    caption = f"action {pred.action!r}, target {target.action!r}"
-    if pred.point is None:
-        return thumb, caption + (", no point" if pred.action in POINTING_ACTIONS else "")
-    ox, oy = mapper(*pred.point)
-    px, py = ox * s, oy * s
-    draw.line([px - 9, py, px + 9, py], fill=(220, 0, 0), width=3)
-    draw.line([px, py - 9, px, py + 9], fill=(220, 0, 0), width=3)
-    draw.ellipse([px - 6, py - 6, px + 6, py + 6], outline=(220, 0, 0), width=2)
-    off = "" if 0 <= ox <= w and 0 <= oy <= h else " (off screen)"
-    mw, mh = meta["model_image_sizes"][0]
-    where = f"{mw}x{mh} model input" if model.frame == "model_pixels" else f"{model.frame} frame"
-    caption += (
-        f"; click ({pred.point[0]:g}, {pred.point[1]:g}) in the {where} -> "
-        f"({ox:.0f}, {oy:.0f}) in the {w}x{h} screenshot{off}"
-    )
-    return thumb, caption
-
-
 def overlays(reward_names: list[str]) -> list[Overlay]:
-    """The overlay functions of the rewards a run used (``OVERLAYS``), imported on demand."""
-    out = []
-    for name in dict.fromkeys(reward_names):
-        if name in OVERLAYS:
-            module, _, fn = OVERLAYS[name].partition(":")
-            out.append(getattr(importlib.import_module(module), fn))
-    return out
+    """The overlays the rewards a run used declared when they registered (:func:`mmrl.rewards.base.reward_overlay`)."""
+    found = (reward_overlay(name) for name in dict.fromkeys(reward_names))
+    return [fn for fn in found if fn is not None]
 
 
 def _key_frames(path: str, out: Path) -> list[tuple[str, str]]:
@@ -233,7 +171,10 @@ def _key_frames(path: str, out: Path) -> list[tuple[str, str]]:
     frames = video.frames  # [T, H, W, 3] uint8
     pick = sorted({round(i) for i in np.linspace(0, len(frames) - 1, min(KEY_FRAMES, len(frames)))})
     return [
-        (data_uri(_thumbnail(Image.fromarray(frames[i]))[0]), f"{path} frame {video.frame_indices[i]}")
+        (
+            data_uri(thumbnail(Image.fromarray(frames[i]), THUMB_SIDE)[0]),
+            f"{path} frame {video.frame_indices[i]}",
+        )
         for i in pick
     ]
 
@@ -264,7 +205,7 @@ def _draw_screen(
     """A strip thumbnail of ``screen`` with a click ``point`` (its pixels) as a red dot, and, when given (the
     first image), the episode's ``zooms`` (turn, box in its pixels) numbered in red, turn ``current``'s thicker, over
     the ``target`` box in green."""
-    thumb, _ = _thumbnail(screen, STRIP_SIDE)
+    thumb, _ = thumbnail(screen, STRIP_SIDE)
     sx, sy = thumb.width / screen.width, thumb.height / screen.height
     draw = ImageDraw.Draw(thumb)
     if target is not None:
@@ -372,7 +313,7 @@ def group_view(
     the overlays of the run's rewards, see :func:`overlays`)."""
     step, sid, answer = int(row.get("step", 0)), str(row.get("id", "?")), row.get("answer")
     loaded = [(p, _open(str(p), out)) for p in row.get("images") or []]
-    images = [(data_uri(_thumbnail(im)[0]) if im else "", str(p)) for p, im in loaded]
+    images = [(data_uri(thumbnail(im, THUMB_SIDE)[0]) if im else "", str(p)) for p, im in loaded]
     for v in row.get("videos") or []:
         images += _key_frames(str(v), out)
     screen = loaded[0][1] if loaded else None
@@ -393,7 +334,7 @@ def group_view(
         for fn in (draw or []) if screen is not None and view.episode is None else []:
             shown = fn(screen, row, text, model)
             if shown is not None:
-                view.overlay, view.overlay_caption = data_uri(_thumbnail(shown[0])[0]), shown[1]
+                view.overlay, view.overlay_caption = data_uri(thumbnail(shown[0], THUMB_SIDE)[0]), shown[1]
                 break
         responses.append(view)
     scores = [v.reward for v in responses if v.reward is not None]

@@ -17,14 +17,15 @@ import os
 import shutil
 from pathlib import Path
 
-from mmrl.run.checkpoint import latest_checkpoint, list_checkpoints
 from mmrl.config import ConfigError
+from mmrl.run.checkpoint import latest_checkpoint, list_checkpoints
 
 STEP_LOGS = ("metrics.jsonl", "rollouts.jsonl", "reward_errors.jsonl")
 RUN_FILES = (
     *STEP_LOGS,
     "skipped.jsonl",
     "config.json",
+    "resolved.json",
     "report.md",
     "report.html",
     "reward_curve.png",

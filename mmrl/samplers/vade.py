@@ -1,4 +1,4 @@
-"""VADE: variance-aware dynamic sampling (ALGORITHMS.md §3). It picks the prompts whose groups are likely to carry a
+"""VADE: variance-aware dynamic sampling (docs/algorithms.md#vade). It picks the prompts whose groups are likely to carry a
 learning signal, from what earlier steps saw, instead of generating groups and discarding the uninformative ones as
 DAPO's dynamic sampling does. The loss is untouched; only the choice of records changes.
 

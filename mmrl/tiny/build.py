@@ -347,13 +347,13 @@ def save_family_checkpoint(family: str, out: Path, seed: int, title: str) -> Non
 
 def _to_release_layout(model: Any, out: Path) -> None:
     """Rewrite the saved weights that transformers keeps transposed from their release layout
-    (:func:`mmrl.model.families.release_transposes`) as released, which is what vLLM reads; transformers transposes them
+    (:func:`mmrl.model.layout.release_transposes`) as released, which is what vLLM reads; transformers transposes them
     back when it loads the folder."""
     import re
 
     from safetensors.torch import load_file, save_file
 
-    from mmrl.model.families import release_transposes
+    from mmrl.model.layout import release_transposes
 
     transposes = release_transposes(model)
     if not transposes:

@@ -207,7 +207,7 @@ QWEN3_VL_TEXT = {
     },
 }
 # expert width 16: a fused gate_up_proj of 2 x 16 by 64 is not square, so transformers can tell the released layout
-# of Qwen3-VL-MoE's experts from its own when it loads them (mmrl.model.families.release_transposes)
+# of Qwen3-VL-MoE's experts from its own when it loads them (mmrl.model.layout.release_transposes)
 QWEN3_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
 QWEN3_VISION = {
     "depth": 2,

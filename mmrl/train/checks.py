@@ -72,18 +72,14 @@ def check_components(cfg: Config) -> None:
     engine = lookup(ENGINES, cfg.rollout.engine, "rollout.engine")
     where = f"rollout.engine_options ({cfg.rollout.engine})"
     try:  # an engine that hands its options on (vllm: to vllm.LLM) checks them itself; the others by signature
-        if hasattr(engine, "check_options"):
-            engine.check_options(cfg.rollout.engine_options)
-        else:
-            validate_kwargs(engine, cfg.rollout.engine_options, where, skip=("policy", "batch_size"))
+        engine.check_options(cfg.rollout.engine_options)
     except ValueError as e:
-        msg = str(e)
-        raise ConfigError(msg if msg.startswith(where) else f"{where}: {msg}") from None
-    if hasattr(engine, "check"):  # an engine whose package may be missing (vllm) says so before a model loads
-        try:
-            engine.check()
-        except ImportError as e:
-            raise ConfigError(f"rollout.engine {cfg.rollout.engine!r}: {e}") from None
+        msg = str(e).removeprefix("engine options: ")
+        raise ConfigError(f"{where}: {msg}") from None
+    try:  # an engine whose package may be missing (vllm) says so before a model loads
+        engine.check()
+    except ImportError as e:
+        raise ConfigError(f"rollout.engine {cfg.rollout.engine!r}: {e}") from None
     sampler = lookup(SAMPLERS, cfg.sampler.name, "sampler.name")
     est = lookup(ADVANTAGES, a.advantage, "algo.advantage")
     loss = lookup(LOSSES, a.loss, "algo.loss")
@@ -217,7 +213,7 @@ def check_model(cfg: Config) -> None:
     """A local model folder must exist; a hub id is only usable when the hub is reachable (not offline)."""
     import os
 
-    from mmrl.model.policy import resolve_model_path
+    from mmrl.model.checkpoint_files import resolve_model_path
 
     path = cfg.model.path
     if Path(resolve_model_path(path)).is_dir():

@@ -1,6 +1,6 @@
 """Batch building: sample -> encode -> rollout -> reward, and DAPO's dynamic sampling around those stages.
 
-Without dynamic sampling one round fills the batch. With ``algo.dynamic_sampling`` (DAPO, ALGORITHMS.md §1) a round's
+Without dynamic sampling one round fills the batch. With ``algo.dynamic_sampling`` (DAPO, docs/algorithms.md#grpo-family) a round's
 groups whose rewards are all equal carry no group-relative signal and are dropped; rounds repeat (the sampler picks
 fresh prompts each time) until ``train.prompts_per_step`` informative groups are kept, for at most
 ``algo.max_sampling_tries`` rounds, after which the step fails with the informative fraction seen, so a run whose
@@ -38,11 +38,13 @@ import torch
 
 from mmrl.config import Config
 from mmrl.distributed import Dist
-from mmrl.model.policy import EncodedPrompt, Policy
-from mmrl.rollout.prompt_cache import PromptCache
+from mmrl.model.policy import Policy
+from mmrl.model.prompt import EncodedPrompt
 from mmrl.rewards.compose import ComposedResult, CompositeReward
 from mmrl.rollout import SamplingParams
-from mmrl.rollout.base import Completion
+from mmrl.rollout.base import Completion, RolloutEngine
+from mmrl.rollout.prompt_cache import PromptCache
+from mmrl.samplers.base import Sampler
 from mmrl.types import RewardInput, Sample
 
 ROLLOUTS_LOGGED = 2  # groups per step written to rollouts.jsonl (and kept rendered with train.keep_renders)
@@ -106,8 +108,8 @@ class Collector:
         cfg: Config,
         data: list[Sample],
         policy: Policy,
-        engine: Any,
-        sampler: Any,
+        engine: RolloutEngine,
+        sampler: Sampler,
         reward: CompositeReward | None,
         stage: Callable[[str], AbstractContextManager],
         dist: Dist,
@@ -174,13 +176,13 @@ class Collector:
             role=r.observation_role,
             prompts=prompts,
         )
-        self._episode_dirs += [episode_dir(pool, t.episode_id) for row in trajs for t in row]
+        self._episode_dirs += [pool.episode_dir(t.episode_id) for row in trajs for t in row]
         return trajs
 
     def retire_episodes(self, keep: set[str]) -> None:
         """Remove this rank's episode folders of the last step but those of the episodes in ``keep`` (logged to
         rollouts.jsonl, whose turns name their images). Call it on every rank after the step is logged."""
-        keep_dirs = {episode_dir(self._pool, e) for e in keep} if self._pool is not None else set()
+        keep_dirs = {self._pool.episode_dir(e) for e in keep} if self._pool is not None else set()
         for d in self._episode_dirs:
             if d not in keep_dirs:
                 shutil.rmtree(d, ignore_errors=True)
@@ -190,7 +192,7 @@ class Collector:
         """Around generation: under FSDP the policy's full weights, gathered once on every rank (no per-token
         collectives) for an engine that generates with them (HF); an engine that keeps its own copy (vLLM,
         ``owns_weights``) needs no gather. Call it on every rank."""
-        return nullcontext() if getattr(self.engine, "owns_weights", False) else self.policy.full_weights()
+        return nullcontext() if self.engine.owns_weights else self.policy.full_weights()
 
     def encode(self, sample: Sample) -> EncodedPrompt:
         return self.cache.get(sample, self.policy.encode)
@@ -247,7 +249,7 @@ class Collector:
         sampling the logged groups may come from later rounds; keyed by id, a render never lands on another row)."""
         if not self.cfg.train.keep_renders or self.render_root is None or b >= ROLLOUTS_LOGGED:
             return None
-        from mmrl.rewards.latex_table import render_stem
+        from mmrl.types import render_stem
 
         return self.render_root / f"step-{self.step}" / render_stem(sample.id)
 
@@ -268,9 +270,9 @@ class Collector:
         # chunks: the HF engine generates batch_size prompts at a time anyway; an engine that schedules the whole
         # batch itself (vLLM) gets it at once
         # episodes batch every live episode of the round at each turn: one chunk
-        whole = getattr(self.engine, "owns_weights", False) or not self.cfg.train.overlap_rewards
+        whole = self.engine.owns_weights or not self.cfg.train.overlap_rewards
         whole = whole or self.multi_turn
-        chunk = len(local) if whole else max(1, int(getattr(self.engine, "batch_size", len(local) or 1)))
+        chunk = len(local) if whole else max(1, self.engine.batch_size)
         groups_local: list[list[Completion]] = []
         trajs_local: list[list[Any]] = []
         futures: list[Future] = []
@@ -415,12 +417,6 @@ def _whole_response(t: Any) -> Completion:
 def _last_turn(t: Any) -> Completion:
     """The last completion of a trajectory (an empty one when the env failed at reset)."""
     return t.completions[-1] if t.completions else Completion([], "", [], "stop")
-
-
-def episode_dir(pool: Any, episode_id: str) -> Path:
-    from mmrl.envs.pool import _folder_name
-
-    return pool.root / _folder_name(episode_id)
 
 
 def episode_stats(trajs: list[list[Any]]) -> dict[str, float]:

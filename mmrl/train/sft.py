@@ -28,9 +28,9 @@ import torch
 
 from mmrl.config import Config, to_dict
 from mmrl.data import ensure_built, load_split
-from mmrl.rollout.episodes import ImageBudget, Trajectory, run_episodes, trajectory_logprobs
 from mmrl.model.policy import Policy
 from mmrl.rollout import SamplingParams
+from mmrl.rollout.episodes import ImageBudget, Trajectory, run_episodes, trajectory_logprobs
 from mmrl.train.trainer import seed_everything
 from mmrl.types import Sample
 

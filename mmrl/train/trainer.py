@@ -1,4 +1,4 @@
-"""The trainer (GRPO family, DAPO, GSPO, single-rollout SPO/MSSR; ALGORITHMS.md §1-§2).
+"""The trainer (GRPO family, DAPO, GSPO, single-rollout SPO/MSSR; docs/algorithms.md#grpo-family, docs/algorithms.md#mssr).
 
 ``fit()`` reads as named, timed stages: collect (sample -> encode -> rollout -> reward, repeated under DAPO's dynamic
 sampling, :mod:`mmrl.train.collect`) -> old / ref log-probs -> advantages -> update (:mod:`mmrl.train.update`) -> sync the
@@ -18,15 +18,13 @@ import math
 import random
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from mmrl.model import fsdp
-from mmrl.run import checkpoint, rundir, trackers
-from mmrl.train import step_stats
 from mmrl.algos import (
     ADVANTAGES,
     KL_ESTIMATORS,
@@ -35,18 +33,22 @@ from mmrl.algos import (
     kl_penalised_rewards,
     rollout_correction,
 )
-from mmrl.run.checkpoint import load_training_state, rng_state
-from mmrl.train.checks import check_config
-from mmrl.train.collect import ROLLOUTS_LOGGED, Collected, Collector
 from mmrl.config import Config, to_dict
 from mmrl.data import ensure_built, load_split
 from mmrl.distributed import Dist
-from mmrl.run.metrics import MetricsLogger
+from mmrl.model import fsdp
 from mmrl.model.policy import Policy
 from mmrl.rewards.compose import CompositeReward, RewardConfig
 from mmrl.rollout import ENGINES
-from mmrl.run.rollout_log import append_rollouts, rollout_rows
+from mmrl.run import checkpoint, rundir, trackers
+from mmrl.run.checkpoint import load_training_state, rng_state
+from mmrl.run.metrics import MetricsLogger
+from mmrl.run.progress import progress
 from mmrl.samplers import SAMPLERS
+from mmrl.train import step_stats
+from mmrl.train.checks import check_config
+from mmrl.train.collect import ROLLOUTS_LOGGED, Collected, Collector
+from mmrl.train.rollout_log import append_rollouts, rollout_rows
 from mmrl.train.update import PolicyUpdate, RolloutBatch, micro_batches
 from mmrl.train.validation import Validator
 
@@ -76,31 +78,64 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: Config) -> torch.optim.lr_s
 
 class Trainer:
     def __init__(self, cfg: Config, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False):
+        """Wire the run: data, policy (and reference), components, then the state of a resumed checkpoint. ``cfg`` is
+        kept as given (``config.json``); what the run resolved at start-up (device, sharding, processes) goes to
+        ``resolved.json``."""
         self.cfg, self.out = cfg, Path(output_dir)
         check_config(cfg)  # before anything heavy is built
-        self.dist = dist = Dist(cfg.train.dist_timeout_s)
-        if dist.active and cfg.model.device == "auto":
-            cfg.model.device = str(dist.device)
+        self.dist = Dist(cfg.train.dist_timeout_s)
         ckpt = self._prepare_run_dir(resume, overwrite)
-        seed_everything(cfg.train.seed + 1000 * dist.rank)  # generation differs per process; choices do not
+        seed_everything(
+            cfg.train.seed + 1000 * self.dist.rank
+        )  # generation differs per process; choices do not
+        self.train_data, eval_data = self._load_data()
+        self.policy, self.ref = self._build_policies(ckpt)
+        self._build_components(eval_data)
+        if self.dist.is_main:
+            (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+            (self.out / "resolved.json").write_text(json.dumps(self.resolved(), indent=1))
+        self.step, self.timings, self.last_kl = 0, {}, None
+        if ckpt is not None:
+            self._restore(ckpt)
+        self.logger = MetricsLogger(
+            self.out,
+            trackers=trackers.wanted(cfg.train),
+            tracker_options=cfg.train.tracker_options,
+            purge_step=self.step + 1 if ckpt else None,
+            enabled=self.dist.is_main,
+            config=to_dict(cfg),
+        )
+
+    def _load_data(self) -> tuple[list, list]:
+        """The training and held-out records; bad ones listed in ``skipped.jsonl`` (rank 0 builds missing data)."""
+        cfg, dist = self.cfg, self.dist
         if dist.is_main:
             ensure_built(cfg.data.train, cfg.data.builder)
         dist.barrier()
         skipped = self.out / "skipped.jsonl" if dist.is_main else None
-        self.train_data = load_split(cfg.data, cfg.data.train, skipped)
-        eval_data = load_split(cfg.data, cfg.data.eval, skipped) if cfg.data.eval else []
-        a = cfg.algo
-        self.policy = Policy.from_pretrained(cfg.model, path=str(ckpt / "model") if ckpt else None)
-        if self.policy.peft is not None:  # fresh adapters come from each rank's own stream: take rank 0's
-            dist.broadcast([p for p in self.policy.model.parameters() if p.requires_grad])
+        train = load_split(cfg.data, cfg.data.train, skipped)
+        return train, load_split(cfg.data, cfg.data.eval, skipped) if cfg.data.eval else []
+
+    def _build_policies(self, ckpt: Path | None) -> tuple[Policy, Policy | None]:
+        """The policy on this process's device, replicated (DDP) or sharded (FSDP2), and the frozen reference when
+        the KL term needs one (with LoRA the policy itself with adapters disabled serves, :meth:`Policy.reference`)."""
+        cfg, dist = self.cfg, self.dist
+        model_cfg = cfg.model
+        if dist.active and cfg.model.device == "auto":
+            model_cfg = replace(cfg.model, device=str(dist.device))
+        policy = Policy.from_pretrained(model_cfg, path=str(ckpt / "model") if ckpt else None)
+        if policy.peft is not None:  # fresh adapters come from each rank's own stream: take rank 0's
+            dist.broadcast([p for p in policy.model.parameters() if p.requires_grad])
         if fsdp.wanted(cfg.train.fsdp, dist.active):
-            cfg.train.fsdp = True
-            self.policy.shard(dist)  # before the optimizer: it holds the sharded parameters
+            policy.shard(dist)  # before the optimizer: it holds the sharded parameters
         elif dist.active:
-            self.policy.replicate(dist)  # DDP sums the gradients
-        # the reference: a frozen copy, or with LoRA the policy itself with adapters disabled (Policy.reference)
-        separate_ref = a.kl_coef > 0 and cfg.model.lora.r == 0
-        self.ref = Policy.from_pretrained(cfg.model, trainable=False) if separate_ref else None
+            policy.replicate(dist)  # DDP sums the gradients
+        separate_ref = cfg.algo.kl_coef > 0 and cfg.model.lora.r == 0
+        return policy, Policy.from_pretrained(model_cfg, trainable=False) if separate_ref else None
+
+    def _build_components(self, eval_data: list) -> None:
+        """The registered components the config names, the optimizer, and the stages that use them."""
+        cfg, a = self.cfg, self.cfg.algo
         self.engine = ENGINES.get(cfg.rollout.engine)(
             self.policy, batch_size=cfg.rollout.batch_size, **cfg.rollout.engine_options
         )
@@ -125,8 +160,9 @@ class Trainer:
             params, lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
         )
         self.sched = build_scheduler(self.opt, cfg)
-        self.updater = PolicyUpdate(cfg, self.policy, self.opt, self.sched, self._train_temperature(), dist)
-        self.step, self.timings, self.last_kl = 0, {}, None
+        self.updater = PolicyUpdate(
+            cfg, self.policy, self.opt, self.sched, self._train_temperature(), self.dist
+        )
         self.mismatch: dict[str, float] = {}  # rollout vs recomputed pi_old, set by make_batch
         self.collector = Collector(
             cfg,
@@ -136,33 +172,38 @@ class Trainer:
             self.sampler,
             self.reward,
             self.stage,
-            dist,
+            self.dist,
             render_root=self.out / "renders",
             episode_root=self.out / "episodes",
         )
         self.validator = Validator(cfg, eval_data, self.collector, out_dir=self.out)
         self._reward_counts: dict[str, int] = {}
-        if dist.is_main:
-            (self.out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
-        if ckpt is not None:
-            state = load_training_state(
-                ckpt,
-                self.opt,
-                self.sched,
-                rank=dist.rank,
-                model=self.policy.model if self.policy.sharded else None,
-            )
-            self.sampler.load_state_dict(state["sampler"])
-            self.estimator.load_state_dict(state.get("advantage", {}))
-            self.step, self.last_kl = int(state["step"]), state.get("last_kl")
-        self.logger = MetricsLogger(
-            self.out,
-            trackers=trackers.wanted(cfg.train),
-            tracker_options=cfg.train.tracker_options,
-            purge_step=self.step + 1 if ckpt else None,
-            enabled=dist.is_main,
-            config=to_dict(cfg),
+
+    def _restore(self, ckpt: Path) -> None:
+        """The optimizer, scheduler, sampler, estimator and step of a resumed checkpoint (the weights came with the
+        policy)."""
+        state = load_training_state(
+            ckpt,
+            self.opt,
+            self.sched,
+            rank=self.dist.rank,
+            model=self.policy.model if self.policy.sharded else None,
         )
+        self.sampler.load_state_dict(state["sampler"])
+        self.estimator.load_state_dict(state.get("advantage", {}))
+        self.step, self.last_kl = int(state["step"]), state.get("last_kl")
+
+    def resolved(self) -> dict[str, Any]:
+        """What the run decided at start-up that the config leaves open (``resolved.json``)."""
+        kl = self.cfg.algo.kl_coef > 0
+        return {
+            "device": str(self.policy.device),
+            "processes": self.dist.world,
+            "sharded": bool(self.policy.sharded),
+            "replicated": self.dist.active and not self.policy.sharded,
+            # the KL term's reference: a frozen copy, or the policy with its LoRA adapters off; None without KL
+            "reference": (("separate" if self.ref is not None else "adapters off") if kl else None),
+        }
 
     def _prepare_run_dir(self, resume: bool, overwrite: bool) -> Path | None:
         """Rank 0 prepares the directory (refuse / overwrite / trim for resume); the others then read it."""
@@ -181,7 +222,9 @@ class Trainer:
         if self.step == 0:
             self.start()
         try:
-            with self._progress() as advance:
+            with progress(
+                cfg.train.max_steps, self.step, cfg.train.progress and self.dist.is_main
+            ) as advance:
                 while self.step < cfg.train.max_steps:
                     self.timings = {}
                     got = self.collector.collect(
@@ -222,7 +265,7 @@ class Trainer:
                         cfg.train.save_every and self.step % cfg.train.save_every == 0
                     ):
                         self.save()
-                    advance(metrics)
+                    advance(self.step, metrics)
         finally:  # also on an exception or SIGTERM (the CLI turns it into SystemExit): no orphaned reward workers
             self.logger.close()
             self.collector.close()
@@ -234,8 +277,7 @@ class Trainer:
     def close(self) -> None:
         """After a finished run, on every rank: the engine shuts down (vLLM tears down its process groups), then the
         ranks meet and leave the process group together."""
-        if hasattr(self.engine, "close"):
-            self.engine.close()
+        self.engine.close()
         self.dist.close()
 
     # ------------------------------------------------------------------ stages
@@ -414,7 +456,7 @@ class Trainer:
         return self.validator()
 
     def _write_rollouts(self, got: Collected, keep: int = ROLLOUTS_LOGGED) -> None:
-        """Append the first ``keep`` groups of the step to rollouts.jsonl (:mod:`mmrl.run.rollout_log`) and give their
+        """Append the first ``keep`` groups of the step to rollouts.jsonl (:mod:`mmrl.train.rollout_log`) and give their
         inputs and kept renders to the trackers."""
         if not self.dist.is_main:
             return
@@ -457,28 +499,3 @@ class Trainer:
             )
         d.barrier()
         return final
-
-    @contextmanager
-    def _progress(self):
-        if not self.cfg.train.progress or not self.dist.is_main:
-            yield lambda m: None
-            return
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        cols = [
-            TextColumn("[bold]train"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[info]}"),
-            TimeRemainingColumn(),
-        ]
-        with Progress(*cols, transient=False) as prog:
-            task = prog.add_task("train", total=self.cfg.train.max_steps, completed=self.step, info="")
-
-            def advance(m: dict[str, Any]) -> None:
-                info = f"reward {m['reward/mean']:.3f}"
-                if "eval/accuracy" in m:
-                    info += f" eval acc {m['eval/accuracy']:.3f}"
-                prog.update(task, completed=self.step, info=info)
-
-            yield advance

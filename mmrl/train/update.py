@@ -1,5 +1,5 @@
 """The update stage: ``algo.epochs`` passes over one rollout batch, each ``algo.mini_batches`` optimizer steps, each
-accumulated over micro-batches of ``optim.micro_batch_size`` rows (ALGORITHMS.md §1).
+accumulated over micro-batches of ``optim.micro_batch_size`` rows (docs/algorithms.md#grpo-family).
 
 Every method is looked up by name and called through one shape, so nothing here branches on a method's name:
 - the policy loss ``LOSSES[algo.loss](logp, old_logp, adv, mask, group_ids=..., **options)`` gives token losses;
@@ -33,7 +33,8 @@ import torch
 from mmrl.algos import AGGREGATIONS, KL_ESTIMATORS, LOSSES, reduce_stats
 from mmrl.config import Config
 from mmrl.distributed import Dist
-from mmrl.model.policy import EncodedPrompt, Policy
+from mmrl.model.policy import Policy
+from mmrl.model.prompt import EncodedPrompt
 
 CLIP_FIELDS = ("clip_low", "clip_high", "dual_clip")
 

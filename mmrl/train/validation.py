@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from mmrl.train.collect import Collector, reward_inputs
 from mmrl.config import Config
 from mmrl.eval.episodic import (
     EnvBenchmark,
@@ -45,6 +44,7 @@ from mmrl.eval.episodic import (
     run_held_out,
 )
 from mmrl.eval.scoring import aggregate, item_score
+from mmrl.train.collect import Collector, reward_inputs
 from mmrl.types import Sample
 
 

@@ -1,4 +1,4 @@
-"""Converters from public GUI formats to mmrl records scored by ``gui_action`` (ALGORITHMS.md §4).
+"""Converters from public GUI formats to mmrl records scored by ``gui_action`` (docs/rewards.md#domain-rewards).
 
 - ScreenSpot (SeeClick): a JSON list of ``{img_filename, instruction, bbox: [x, y, w, h], data_type,
   data_source}`` with the screenshots in ``screenspot_imgs/``; each item becomes a click on the box ``[x, y, x

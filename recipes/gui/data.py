@@ -9,7 +9,7 @@ device scale factor). An element is a target only when it lies wholly inside the
 ``elementFromPoint`` at its centre lands on it, so a box is never hidden under a sticky bar or cut by the
 screen's edge.
 
-Instructions and answers follow UI-R1's action schema (ALGORITHMS.md §4) as the ``gui_action`` reward reads
+Instructions and answers follow UI-R1's action schema (docs/rewards.md#domain-rewards) as the ``gui_action`` reward reads
 it:
 
 - click ("tap Settings", "click the search icon"): ``{"action": "click", "bbox": [x1, y1, x2, y2]}``;
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmrl.model.families import ModelView
+from mmrl.model.checkpoint_files import ModelView
 from mmrl.processors.geometry import original_to_model
 from mmrl.rewards.html_sandbox import HtmlRenderer
 
@@ -561,7 +561,7 @@ def target_response(
     view: ModelView | None = None,
 ) -> str:
     """The response that earns full marks for ``answer``: the box's centre in UI-R1's answer format, written in the
-    model's coordinate frame: ``view``'s (:meth:`mmrl.model.families.ModelView.to_frame`: model pixels for Qwen2.5-VL,
+    model's coordinate frame: ``view``'s (:meth:`mmrl.model.checkpoint_files.ModelView.to_frame`: model pixels for Qwen2.5-VL,
     0-1000 for Qwen3-VL and Qwen3.5, ...) when given with ``image_size``, else model pixels of ``model_size`` when
     both sizes are given, else original pixels. For supervised warm starts and for checking references against the
     reward."""

@@ -12,7 +12,7 @@ resizes to 140x252 (:data:`TINY_PIXELS`), so predicted clicks go through the rew
 Three splits, disjoint by seed: ``train`` (RL prompts), ``eval`` (held out) and ``sft`` (the warm start's records,
 whose ``answer`` is the full-marks response text in model-input coordinates, :func:`~.data.target_response`, and
 whose ``metadata.reference`` keeps the action). Actions: click (most), input_text into the search field,
-navigate_back, in UI-R1's schema (ALGORITHMS.md §4).
+navigate_back, in UI-R1's schema (docs/rewards.md#domain-rewards).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmrl.model.families import ModelView
+from mmrl.model.checkpoint_files import ModelView
 from mmrl.recipes.gui.data import (
     LISTS,
     TABS,

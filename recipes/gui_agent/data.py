@@ -9,7 +9,7 @@ Splits (each its own app seeds, so they are disjoint draws; app kinds cycle thro
   ``instruction`` and ``image_sizes``. No ``answer``: the env judges success from the app's state.
 - ``sft.jsonl``: oracle demonstrations, one record per step of an oracle episode (``n_sft`` episodes): that
   step's screenshot, the same prompt, and ``answer`` = the full-marks response ``<think></think><answer>[action]
-  </answer>`` in ``view``'s coordinate frame (:class:`mmrl.model.families.ModelView`; page pixels when None), with
+  </answer>`` in ``view``'s coordinate frame (:class:`mmrl.model.checkpoint_files.ModelView`; page pixels when None), with
   ``metadata.reference`` the action in page pixels and ``metadata.step`` its index. Each step is a single-turn record
   (the screen alone, without the earlier turns).
 
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.envs.browser import BrowserAppEnv, action_response
-from mmrl.model.families import ModelView
+from mmrl.model.checkpoint_files import ModelView
 from mmrl.recipes.gui_agent.apps import BUILDERS, KINDS, TINY_KINDS
 from mmrl.types import Sample
 

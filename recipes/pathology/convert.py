@@ -1,4 +1,4 @@
-"""Converters from public pathology VQA formats to mmrl records scored by the ``pathology`` reward (ALGORITHMS.md
+"""Converters from public pathology VQA formats to mmrl records scored by the ``pathology`` reward (docs/algorithms.md
 §4, Patho-R1's <think>/<answer> format; the prompt is :func:`mmrl.recipes.pathology.data.prompt_text`).
 
 - PathVQA (He et al., 2020) style: ``(image, question, answer)`` records. The HF release

@@ -1,5 +1,5 @@
 """Synthetic H&E-like tissue tiles with yes/no, multiple-choice, open and region questions (the pathology recipe's
-data, scored by the ``pathology`` reward; ALGORITHMS.md §4, Patho-R1's <think>/<answer> format).
+data, scored by the ``pathology`` reward; docs/rewards.md#domain-rewards, Patho-R1's <think>/<answer> format).
 
 Each tile is painted in stain space, then turned into RGB by Beer-Lambert with the usual haematoxylin and eosin
 optical densities (Ruifrok and Johnston's H&E vectors): a haematoxylin map (nuclei, purple-blue) and an eosin map
@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 from scipy.spatial import cKDTree
 
-from mmrl.model.families import ModelView
+from mmrl.model.checkpoint_files import ModelView
 
 TISSUES = ("adipose", "stroma", "lymphoid", "epithelium")
 LESIONS = ("tumour", "necrosis")
@@ -331,7 +331,7 @@ def target_response(
     rec: dict[str, Any], image_size: tuple[int, int], model: ModelView | tuple[int, int]
 ) -> str:
     """The demonstration response for a record: what is seen in <think>, the answer (and the region, in the frame
-    the model writes in, :class:`~mmrl.model.families.ModelView`; a bare ``(min_pixels, max_pixels)`` budget knows no
+    the model writes in, :class:`~mmrl.model.checkpoint_files.ModelView`; a bare ``(min_pixels, max_pixels)`` budget knows no
     model and means the model-input pixels of Qwen2/2.5-VL's 28 px grid) in <answer>."""
     meta = rec["metadata"]
     seen = meta["tissue"] + ("" if meta["lesion"] == "none" else f" {meta['lesion']}")

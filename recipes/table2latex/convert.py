@@ -1,4 +1,4 @@
-"""Converters from the public table-recognition formats to table2latex records (ALGORITHMS.md §4,
+"""Converters from the public table-recognition formats to table2latex records (docs/rewards.md#domain-rewards,
 Table2LaTeX-RL).
 
 Both write ``<split>.jsonl`` and ``images/`` in the README's data format, with the same prompt as the

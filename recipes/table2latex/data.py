@@ -1,4 +1,4 @@
-"""Synthetic LaTeX tables rendered by the project's sandbox: the table2latex recipe's data (ALGORITHMS.md §4,
+"""Synthetic LaTeX tables rendered by the project's sandbox: the table2latex recipe's data (docs/rewards.md#domain-rewards,
 Table2LaTeX-RL).
 
 Every table is drawn from a seeded RNG as a grid of cells with spans, and written twice from that one grid: as

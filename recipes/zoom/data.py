@@ -11,7 +11,7 @@ Records (``train.jsonl``, ``eval.jsonl``; images under ``images/``): ``answer`` 
 the env reads ``target_box`` for its ``zoom_hit`` metric.
 
 Sizes. Legibility was measured with the bundled tiny model's geometry (``assets/tiny-qwen2.5-vl``: Qwen2.5-VL's
-28 px grid and bicubic resize, :meth:`mmrl.model.families.VisionGeometry.prepare_image`) by a nearest-template reader
+28 px grid and bicubic resize, :meth:`mmrl.model.geometry.VisionGeometry.prepare_image`) by a nearest-template reader
 that knows the font, the code's length and the box's place to within a few pixels but not its sub-pixel phase
 (``tests/test_env_zoom.py`` keeps the tiny case as a test); this reader is far stronger than the tiny model.
 

@@ -3,7 +3,7 @@ the region the response marked (red), parsed and mapped to image pixels by the r
 
 The model marks regions in its coordinate frame; the reward maps them to the image with the sizes and frame the
 trainer gives it. rollouts.jsonl keeps neither, so they are rebuilt here from the run's model settings
-(:class:`mmrl.model.families.ModelView`: the checkpoint's geometry and family frame under its pixel budget; a bare
+(:class:`mmrl.model.checkpoint_files.ModelView`: the checkpoint's geometry and family frame under its pixel budget; a bare
 ``(min_pixels, max_pixels)`` knows no model and means the 28 px grid), as the GUI overlay does
 (``mmrl/run/report_html.py``).
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from mmrl.model.families import ModelView
+from mmrl.model.checkpoint_files import ModelView
 from mmrl.rewards.gui import to_original
 from mmrl.rewards.pathology import as_polygon, mask_iou, split_answer
 
@@ -36,7 +36,7 @@ def overlay(
 ) -> tuple[Image.Image, str] | None:
     """A copy of ``image`` with the target region (green) and the predicted one (red), and a caption with the
     answer, the IoU the reward computes and the mapping from the model's frame to image pixels; None when the sample
-    has no annotated region. ``model``: how the run's model saw the image (:class:`~mmrl.model.families.ModelView`)."""
+    has no annotated region. ``model``: how the run's model saw the image (:class:`~mmrl.model.checkpoint_files.ModelView`)."""
     region = answer.get("region") if isinstance(answer, Mapping) else None
     gold = as_polygon(region) if region is not None else None
     if gold is None:
@@ -69,7 +69,7 @@ def overlay(
 def report_overlay(
     image: Image.Image, row: Mapping[str, Any], response: str, model: ModelView
 ) -> tuple[Image.Image, str] | None:
-    """The run report's entry point (``mmrl/run/report_html.py`` ``OVERLAYS``): ``row`` is the group's rollouts.jsonl
+    """The run report's entry point (the pathology reward's declared overlay, :attr:`mmrl.rewards.base.RewardSpec.overlay`): ``row`` is the group's rollouts.jsonl
     row, whose ``metadata`` holds the region."""
     meta = row.get("metadata") or {}
     if not isinstance(meta, Mapping):
