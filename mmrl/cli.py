@@ -148,7 +148,6 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    import mmrl.rewards  # noqa: F401  (registers the built-in rewards)
     from mmrl.algos import (
         ADVANTAGES,
         AGGREGATIONS,

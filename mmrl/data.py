@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrl.config import DataConfig
+from mmrl.extras import import_module, require
 from mmrl.types import Sample
 
 ALLOWED_KEYS = {"id", "prompt", "messages", "images", "videos", "answer", "metadata"}
@@ -58,11 +59,13 @@ def _drop_nulls(value: Any) -> Any:
 def _read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """Return ``(where, row)`` pairs; ``where`` names the row for error messages."""
     if path.is_dir():
+        require("data", f"records {path}", ("datasets",))
         import datasets
 
         ds = datasets.load_from_disk(str(path))
         return [(f"{path} row {i}", _drop_nulls(dict(r))) for i, r in enumerate(ds)]
     if path.suffix == ".parquet":
+        require("data", f"records {path}", ("pyarrow",))
         import pyarrow.parquet as pq
 
         return [(f"{path} row {i}", _drop_nulls(r)) for i, r in enumerate(pq.read_table(path).to_pylist())]
@@ -191,12 +194,10 @@ BUILD_STAMP = ".mmrl-build.json"
 
 
 def _builder(builder: str) -> Any:
-    import importlib
-
     module, _, fn = builder.partition(":")
     if not fn:
         raise DataError(f"data.builder {builder!r} must look like 'package.module:function'")
-    return getattr(importlib.import_module(module), fn)
+    return getattr(import_module(module, f"data.builder {builder!r}"), fn)
 
 
 def _builder_digest(fn: Any) -> str:

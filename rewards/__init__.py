@@ -1,14 +1,7 @@
-"""mmrl rewards: importing this package registers every built-in reward (see ``base.py`` for the API and
-``compose.py`` for the composite the trainer calls).
+"""mmrl rewards (see ``base.py`` for the API and ``compose.py`` for the composite the trainer calls).
 
-The LaTeX-table rewards need the rendering sandbox; their modules are imported when present in this checkout.
+The built-in rewards are registered lazily: ``base.BUILTIN_REWARDS`` maps each name to its module, imported on the
+first ``REWARDS.get(name)`` / ``load_reward(name)``, so a run imports only the rewards it names and the optional
+packages they need (the ``render``, ``server`` ... extras, checked first: ``mmrl.extras``). ``REWARDS.names()``
+lists every built-in without importing any.
 """
-
-import importlib
-import importlib.util
-
-from . import embedding, general, gui, judge, medix, pathology, remote  # noqa: F401  (registration happens on import)
-
-for _optional in ("mmrl.rewards.latex_table", "mmrl.rewards.latex_table_html"):
-    if importlib.util.find_spec(_optional) is not None:
-        importlib.import_module(_optional)

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from mmrl.registry import Registry
+from mmrl.registry import Builtin, Registry
 from mmrl.types import RewardInput, RewardResult
 
 RewardFn = Callable[..., list[RewardResult]]
@@ -55,7 +55,26 @@ class RewardSpec:
     overlay: str | None = None
 
 
-REWARDS: Registry[RewardSpec] = Registry("reward")
+# The built-in rewards, imported on first use (``REWARDS.get``): their modules import optional packages (an extra,
+# checked first: mmrl.extras), so only the rewards a run names are imported; ``REWARDS.names()`` lists them all.
+_GENERAL = "mmrl.rewards.general"
+BUILTIN_REWARDS: dict[str, Builtin] = {
+    "format_think_answer": Builtin(_GENERAL),
+    "math_verify": Builtin(_GENERAL, "render", ("math_verify",)),
+    "mc_letter": Builtin(_GENERAL),
+    "exact_match": Builtin(_GENERAL),
+    "overlong_penalty": Builtin(_GENERAL),
+    "gui_action": Builtin("mmrl.rewards.gui"),
+    "pathology": Builtin("mmrl.rewards.pathology"),
+    "modality_tag": Builtin("mmrl.rewards.medix"),
+    "medix": Builtin("mmrl.rewards.medix"),
+    "judge": Builtin("mmrl.rewards.judge"),
+    "embedding_similarity": Builtin("mmrl.rewards.embedding"),
+    "remote": Builtin("mmrl.rewards.remote", "server", ("httpx",)),
+    "latex_table": Builtin("mmrl.rewards.latex_table", "render", ("pypdfium2", "lxml", "scipy", "rapidfuzz")),
+    "teds": Builtin("mmrl.rewards.latex_table", "render", ("lxml", "scipy", "rapidfuzz")),
+}
+REWARDS: Registry[RewardSpec] = Registry("reward", BUILTIN_REWARDS)
 
 # Reward files loaded from a user's path, by resolved path; modules get a synthetic name (below) so that two files
 # called rewards.py do not collide, and pool workers are told the path rather than the unimportable name.
@@ -71,7 +90,8 @@ def register_reward(
     overlay: str | None = None,
 ) -> Callable[[RewardFn], RewardFn]:
     def deco(fn: RewardFn) -> RewardFn:
-        REWARDS.register(name)(RewardSpec(name=name, fn=fn, heavy=heavy, check=check, overlay=overlay))
+        spec = RewardSpec(name=name, fn=fn, heavy=heavy, check=check, overlay=overlay)
+        REWARDS.register(name, module=fn.__module__)(spec)
         return fn
 
     return deco
@@ -79,10 +99,14 @@ def register_reward(
 
 def reward_overlay(name: str) -> Callable[..., Any] | None:
     """The report overlay a registered reward declared (:attr:`RewardSpec.overlay`), imported; None when the reward
-    declares none or is not registered (a reward loaded from a user's file)."""
-    if name not in REWARDS.names() or REWARDS.get(name).overlay is None:
+    declares none or is not registered (a reward loaded from a user's file) or cannot be imported here."""
+    try:
+        overlay = REWARDS.get(name).overlay if name in REWARDS else None
+    except ImportError:
         return None
-    module, _, fn = REWARDS.get(name).overlay.partition(":")
+    if overlay is None:
+        return None
+    module, _, fn = overlay.partition(":")
     return getattr(importlib.import_module(module), fn)
 
 
@@ -103,16 +127,20 @@ def load_reward(spec: str) -> RewardSpec:
 
 
 def _load_from_module(module_name: str, func: str) -> RewardSpec:
+    from mmrl.extras import MissingExtra, import_module
+
     try:
-        module = importlib.import_module(module_name)
+        module = import_module(module_name, f"reward module {module_name!r}")
+    except MissingExtra as e:
+        raise KeyError(str(e)) from None
     except ImportError as e:
         raise KeyError(f"reward module {module_name!r} cannot be imported: {e}") from None
     fn = getattr(module, func, None)
     if not callable(fn):
         raise KeyError(f"reward module {module_name}: no function {func!r}")
-    for name in REWARDS.names():
-        if REWARDS.get(name).fn is fn:
-            return REWARDS.get(name)
+    for registered in REWARDS.loaded().values():  # importing the module registered its rewards
+        if registered.fn is fn:
+            return registered
     return RewardSpec(name=func, fn=fn, heavy=False)
 
 
@@ -126,8 +154,7 @@ def _load_from_file(path: Path, func: str) -> RewardSpec:
         raise KeyError(
             f"reward file {path}: no function {func!r} (functions defined there: {', '.join(defined)})"
         )
-    for name in REWARDS.names():
-        registered = REWARDS.get(name)
+    for registered in REWARDS.loaded().values():
         if registered.fn is fn:
             return registered
     return RewardSpec(name=func, fn=fn, heavy=False)

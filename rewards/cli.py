@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mmrl.extras import MissingExtra, require
 from mmrl.types import RewardInput, RewardResult
 
 
@@ -115,6 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
             if not dot or not name:
                 raise InputError(f"--option {text!r}: write it as REWARD.key=value when serving")
             options.setdefault(name, {})[opt] = value
+        require("server", "", ("fastapi", "uvicorn"))  # an error naming the extra, not a traceback
         from mmrl.rewards.server import Limits, serve
 
         mib = 1 << 20
@@ -130,7 +132,7 @@ def _serve(args: argparse.Namespace) -> int:
             timeout_s=args.timeout_s,
             limits=limits,
         )
-    except (InputError, ValueError) as e:
+    except (InputError, ValueError, MissingExtra) as e:
         print(f"mmrl reward serve: {e}", file=sys.stderr)
         return 2
 
@@ -142,6 +144,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         spec = load_reward(args.name)
     except KeyError as e:
         raise InputError(e.args[0]) from None
+    except MissingExtra as e:  # a built-in reward's optional package
+        raise InputError(str(e)) from None
     except Exception as e:  # the user's reward file failed to import: report it as bad input
         raise InputError(f"cannot load reward {args.name!r}: {describe_exception(e)}") from None
     options = dict(_parse_option(o) for o in args.option)

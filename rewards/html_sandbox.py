@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from mmrl.extras import require
 from mmrl.rewards.sandbox import RenderResult
 
 _CHROMIUM_ARGS = [
@@ -148,6 +149,7 @@ class HtmlRenderer:
     def _launch(self) -> None:
         import socket
 
+        require("gui", "the HTML renderer (Chromium driven by playwright)", ("playwright",))
         import psutil
         from playwright.sync_api import sync_playwright
 

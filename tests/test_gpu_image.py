@@ -1,12 +1,13 @@
 """What a lent GPU machine runs with (the `device` tool's bare image, scripts/gpu-image-packages.txt) plus what
-scripts/gpu-wheels.sh packs for it: every dependency mmrl declares is on the image, packed, or left out by name (and
-then unimportable on the GPU check's path: tests/test_gpu_step_benchmark.py); nothing the image has is packed again
-except transformers (the image's 5.17 predates mm_encoder_outputs); TRL travels for the mmrl-vs-TRL benchmark."""
+scripts/gpu-wheels.sh packs for it: every dependency mmrl declares, core and the extras the check imports, is on the
+image, packed, or left out by name (and then unimportable on the GPU check's path: tests/test_gpu_step_benchmark.py);
+nothing the image has is packed again except transformers (the image's 5.17 predates mm_encoder_outputs); TRL travels
+for the mmrl-vs-TRL benchmark."""
 
-import importlib.metadata
 import re
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,10 +26,20 @@ def _array(name: str) -> set[str]:
     return {_norm(x) for x in body.group(1).split()}
 
 
+# the extras the check's path imports (its pytest run collects every test module): all but the trackers, which it
+# never imports, vLLM (not on the image) and dev (what it needs of dev, PACKAGES names)
+GPU_EXTRAS = ("render", "gui", "pathology", "server", "data", "video")
+
+
 def _declared() -> set[str]:
-    """mmrl's dependencies (the installed metadata of pyproject.toml's list), whatever the platform, no extras."""
-    reqs = [Requirement(r) for r in importlib.metadata.requires("mmrl") or []]
-    return {_norm(r.name) for r in reqs if "extra" not in str(r.marker or "")}
+    """mmrl's dependencies and those of GPU_EXTRAS (pyproject.toml's lists, read as written: the installed metadata
+    may be an older egg-info in the checkout), whatever the platform."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    (everything,) = extras["all"]  # mmrl[a,b,...]
+    assert set(GPU_EXTRAS) <= Requirement(everything).extras
+    reqs = [*project["dependencies"], *(r for e in GPU_EXTRAS for r in extras[e])]
+    return {_norm(Requirement(r).name) for r in reqs}
 
 
 def test_every_dependency_is_on_the_image_packed_or_left_out_by_name():

@@ -1,7 +1,7 @@
-"""mmrl envs: multi-turn environments for agentic episodes. Importing this package registers the built-in envs
-(``zoom``); ``base.py`` has the API, ``pool.py`` the worker pool that runs episodes."""
+"""mmrl envs: multi-turn environments for agentic episodes. The built-in envs (``zoom``, ``browser_app``) are
+imported on first use (``ENVS.get``, ``get_env``; ``browser_app`` needs the ``gui`` extra); ``base.py`` has the API,
+``pool.py`` the worker pool that runs episodes."""
 
-from mmrl.envs import browser, zoom  # noqa: F401  (registration happens on import)
 from mmrl.envs.base import (
     ENVS,
     Env,

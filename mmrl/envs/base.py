@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmrl.registry import Registry, validate_kwargs
+from mmrl.registry import Builtin, Registry, validate_kwargs
 from mmrl.types import Sample
 
 
@@ -134,7 +134,11 @@ class Env(ABC):
 
 
 EnvClass = type[Env]
-ENVS: Registry[EnvClass] = Registry("env")
+# the built-in envs, imported on first use (browser_app drives Chromium through playwright: the gui extra)
+ENVS: Registry[EnvClass] = Registry(
+    "env",
+    {"zoom": Builtin("mmrl.envs.zoom"), "browser_app": Builtin("mmrl.envs.browser", "gui", ("playwright",))},
+)
 
 
 def register_env(name: str) -> Callable[[EnvClass], EnvClass]:

@@ -13,14 +13,14 @@ answered by episodes in a multi-turn env, which judges them; they add whole-set 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from mmrl.config import ConfigError, ModelConfig, from_dict
-from mmrl.registry import Registry
+from mmrl.extras import MissingExtra
+from mmrl.registry import Builtin, Registry
 from mmrl.types import Sample
 
 NOT_GIVEN: Any = type("NotGiven", (), {"__repr__": lambda self: "NOT_GIVEN"})()
@@ -114,8 +114,17 @@ class Benchmark(ABC):
         return dataclasses.asdict(self.opts)
 
 
-BENCHMARKS: Registry[type[Benchmark]] = Registry("benchmark")
 FAMILIES = ("mathvista", "mathv", "screenspot", "table", "pathvqa", "videoqa", "zoom", "gui_agent")
+# each family's module, imported on first use (the optional packages its scorer or env needs: mmrl.extras)
+_NEEDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "mathvista": ("render", ("rapidfuzz",)),
+    "mathv": ("render", ("math_verify",)),
+    "table": ("render", ("lxml", "scipy", "rapidfuzz")),
+    "gui_agent": ("gui", ("playwright",)),
+}
+BENCHMARKS: Registry[type[Benchmark]] = Registry(
+    "benchmark", {f: Builtin(f"mmrl.eval.{f}", *_NEEDS.get(f, (None, None))) for f in FAMILIES}
+)
 
 
 def register(cls: type[Benchmark]) -> type[Benchmark]:
@@ -125,11 +134,12 @@ def register(cls: type[Benchmark]) -> type[Benchmark]:
 def get_benchmark(
     name: str, options: dict[str, Any] | None = None, model: ModelConfig | None = None
 ) -> Benchmark:
-    """The benchmark ``name`` with its options checked (unknown or mistyped options raise :class:`EvalError`)."""
-    for module in FAMILIES:  # importing a family registers it
-        importlib.import_module(f"mmrl.eval.{module}")
+    """The benchmark ``name`` with its options checked (unknown or mistyped options raise :class:`EvalError`, as
+    does a missing optional package: the extra to install)."""
     try:
         cls = BENCHMARKS.get(name)
     except KeyError as e:
         raise EvalError(e.args[0]) from None
+    except MissingExtra as e:
+        raise EvalError(str(e)) from None
     return cls(options, model)

@@ -18,6 +18,7 @@ from typing import Any
 
 from PIL import Image
 
+from mmrl import extras
 from mmrl.eval.base import EvalError
 
 _BASE64 = re.compile(r"[A-Za-z0-9+/\s]{64,}={0,2}")
@@ -33,6 +34,7 @@ class Record:
 def read_records(path: Path) -> list[Record]:
     """Every record of ``path``; raises :class:`EvalError` naming the line/row when one is not a JSON object."""
     if path.is_dir():
+        _needs(path, "datasets")
         import datasets
 
         try:
@@ -47,6 +49,7 @@ def read_records(path: Path) -> list[Record]:
     if not path.is_file():
         raise EvalError(f"data file not found: {path}")
     if path.suffix == ".parquet":
+        _needs(path, "pyarrow")
         import pyarrow.parquet as pq
 
         return [Record(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
@@ -63,6 +66,14 @@ def read_records(path: Path) -> list[Record]:
     if isinstance(data, list):
         return [Record(f"{path} item {i}", _object(v, f"{path} item {i}")) for i, v in enumerate(data)]
     raise EvalError(f"{path}: expected a JSON list or object of records, got {type(data).__name__}")
+
+
+def _needs(path: Path, module: str) -> None:
+    """Saved HF datasets and parquet files are read with the ``data`` extra's packages."""
+    try:
+        extras.require("data", str(path), (module,))
+    except extras.MissingExtra as e:
+        raise EvalError(str(e)) from None
 
 
 def _loads(text: str, where: str) -> Any:

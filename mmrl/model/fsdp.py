@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import os
 import types
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,6 +57,9 @@ from typing import Any
 import torch
 
 RUN_METHOD = "mmrl_run"
+
+# the blank image each policy encodes once for matched tower calls, kept while the policy lives
+_PROBES: weakref.WeakKeyDictionary[Any, tuple[Any, dict[str, torch.Tensor]]] = weakref.WeakKeyDictionary()
 
 
 def wanted(setting: bool | None, launched: bool) -> bool:
@@ -200,7 +204,7 @@ def media_probe(policy: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
     from mmrl.model.encoders import encoder_calls
     from mmrl.types import Sample
 
-    cached = getattr(policy, "_media_probe", None)
+    cached = _PROBES.get(policy)
     if cached is not None:
         return cached
     if "image" in (calls := encoder_calls(policy.model)):
@@ -215,8 +219,8 @@ def media_probe(policy: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
     mm = policy.encode(Sample("mmrl-fsdp-probe", ask, images=[uri])).mm
     probe = {k: v.to(policy.device) for k, v in mm.items() if k in takes}
     probe[pixels] = probe[pixels].to(policy.model.dtype)
-    policy._media_probe = (fn, probe)
-    return policy._media_probe
+    _PROBES[policy] = (fn, probe)
+    return _PROBES[policy]
 
 
 def _float_tensors(value: Any) -> Iterator[torch.Tensor]:

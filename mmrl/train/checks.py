@@ -1,7 +1,8 @@
 """Pre-flight checks: everything in a config that can be verified without loading a model is verified first.
 
 A run that would die after minutes of model loading and data building because of a misspelt reward, an unknown
-engine or a sampler option is refused at once, with one line naming the field and the fix. Rewards are checked first
+engine, a sampler option or a missing optional package (the extra to install: :mod:`mmrl.extras`) is refused at
+once, with one line naming the field and the fix. Rewards are checked first
 and without importing torch, so ``mmrl train`` with a wrong reward name answers within a couple of seconds.
 Engine options are checked against what the engine accepts (vLLM: its ``EngineArgs`` fields, from the installed
 vLLM or, without it, from the pinned version's list), so a misspelt one is named with the nearest valid key.
@@ -12,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mmrl.config import Config, ConfigError
+from mmrl.extras import MissingExtra, require
 from mmrl.run.trackers import check_trackers
 
 
@@ -29,6 +31,8 @@ def check_rewards(cfg: Config) -> None:
         try:
             spec = load_reward(entry.name)
             validate_options(spec, entry.options)
+        except MissingExtra as e:  # the package a built-in reward needs: the extra to install
+            raise ConfigError(f"{where}: {e.reason}") from None
         except (KeyError, ValueError, TypeError, FileNotFoundError, ImportError) as e:
             raise ConfigError(f"{where}: {e.args[0] if e.args else e}") from None
         if spec.heavy:
@@ -150,6 +154,8 @@ def check_data(cfg: Config) -> None:
         raise ConfigError(f"data.train not found: {cfg.data.train} (build it first, or set data.builder)")
     if cfg.data.eval and not Path(cfg.data.eval).exists() and not cfg.data.builder:
         raise ConfigError(f"data.eval not found: {cfg.data.eval} (build it first, or set data.builder)")
+    for field, path in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
+        _check_format(field, path)
     e = cfg.eval
     if e.benchmark:
         from mmrl.eval import EvalError, get_benchmark
@@ -162,6 +168,22 @@ def check_data(cfg: Config) -> None:
             raise ConfigError(
                 f"eval.benchmark_data not found: {e.benchmark_data!r} (the {e.benchmark} files on disk)"
             )
+
+
+def _check_format(field: str, path: str | None) -> None:
+    """Parquet files and saved HF dataset folders are read with the ``data`` extra's packages."""
+    if not path:
+        return
+    if Path(path).suffix == ".parquet":
+        module = "pyarrow"
+    elif Path(path).is_dir():
+        module = "datasets"
+    else:
+        return
+    try:
+        require("data", f"{field} ({path})", (module,))
+    except MissingExtra as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_env(cfg: Config) -> None:
@@ -180,6 +202,8 @@ def check_env(cfg: Config) -> None:
 
     try:
         validate_env_options(r.env, r.env_options)
+    except MissingExtra as e:
+        raise ConfigError(f"rollout.env {r.env!r}: {e.reason}") from None
     except (KeyError, ValueError, TypeError, ImportError) as e:
         raise ConfigError(f"rollout.env {r.env!r}: {e.args[0] if e.args else e}") from None
     if r.image_rule not in ("downscale", "end"):

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 from PIL import Image
 
+from mmrl.extras import require
 from mmrl.recipes.pathology.data import QUESTIONS, prompt_text
 
 Point = tuple[float, float]
@@ -67,6 +68,7 @@ class Tile:
 
 def open_slide(path: str | Path) -> Any:
     """``openslide.OpenSlide(path)`` with an error that names the file when OpenSlide cannot read it."""
+    require("pathology", "reading whole-slide images", ("openslide",))
     import openslide
 
     p = Path(path)
