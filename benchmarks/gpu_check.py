@@ -69,12 +69,11 @@ def _text(b: bytes | str | None) -> str:
 
 
 def pytest_counts(tail: str) -> dict[str, int]:
-    counts = {}
-    for n, what in re.findall(
-        r"(\d+) (passed|failed|skipped|errors?)", tail.splitlines()[-1] if tail else ""
-    ):
-        counts[what] = int(n)
-    return counts
+    """The counts of pytest's summary line: the last line that has them (stderr, printed after stdout, may end the
+    output with a plugin's warning)."""
+    pattern = r"(\d+) (passed|failed|skipped|errors?)"
+    summary = next((line for line in reversed(tail.splitlines()) if re.search(pattern, line)), "")
+    return {what: int(n) for n, what in re.findall(pattern, summary)}
 
 
 def missing_dependencies() -> list[str]:

@@ -117,3 +117,14 @@ def test_the_planner_fits_each_setting_to_the_card(tmp_path):
     assert runs["before"] == runs["after"] == []
     assert len(runs["after-plain"]) == 1 and runs["after-plain"][0].startswith("optim.micro_batch_tokens=")
     assert int(runs["after-plain"][0].split("=")[1]) < a.micro_batch_tokens
+
+
+def test_pytest_counts_reads_the_summary_line_even_when_a_warning_follows_it():
+    """stderr comes after stdout in a part's output: a plugin's warning there (pytest-benchmark under xdist's
+    environment) must not hide the summary."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_check import pytest_counts
+
+    tail = "..\n1 passed, 1 skipped in 8.07s\nlogger.py:44: PytestBenchmarkWarning: disabled\n  warner(x)\n"
+    assert pytest_counts(tail) == {"passed": 1, "skipped": 1}
+    assert pytest_counts("") == {}

@@ -1,78 +1,17 @@
 """``mmrl plan``: the memory a training run needs on each GPU, stage by stage, before anything launches.
 
-The plan is arithmetic over the run's config and the checkpoint's shapes. The shapes come from the checkpoint's own
-``config.json``: the model is built on the meta device (``AutoModelForImageTextToText.from_config`` under
-``torch.device("meta")``: no weights read, no memory) and its parameters are counted by module, so any family and
-size plans without a download once its config is local (a hub id is looked up in the HF cache, then among the
-config folders shipped in ``mmrl/plan/configs/``).
+Arithmetic over the run's config and the checkpoint's shapes, read from its ``config.json`` with the model built on
+the meta device (no weights read; a hub id is looked up in the HF cache, then in ``mmrl/plan/configs/``). The model
+of memory (weights, gradients, AdamW, the reference, vLLM awake and asleep, the update's and the no-grad passes'
+activations op by op, what lives outside torch's allocator) and how the prompt and episode lengths are chosen are
+written out in docs/scaling.md#how-the-plan-is-computed; the per-token arithmetic is :mod:`mmrl.plan.memory`.
 
-The model of memory, per rank (one process per GPU), in bytes; ``P`` parameters, ``h``/``m`` a block's hidden and
-MLP widths, ``S`` the sequence (prompt + response) and ``T`` the response length, ``B`` the micro-batch rows:
-
-- **Policy weights**: the trainable policy is loaded in fp32 whatever ``model.dtype`` (:meth:`Policy.from_pretrained`:
-  fp32 master weights, bf16 autocast compute): ``4 P``; but its frozen ``Linear``/``Conv`` weights (every one but the
-  head's under LoRA, the vision side's with ``model.freeze_vision``; ``P_frozen``) are stored in ``model.dtype``,
-  since autocast would round them to it at every use: ``4 P - 2 P_frozen`` in bf16 (embeddings, norms, biases, the
-  head and MoE expert tensors stay fp32). Frozen copies (the reference model) are stored in ``model.dtype``: ``2 P``
-  in bf16. FSDP2 (``train.fsdp``, :mod:`mmrl.model.fsdp`) divides the policy's weights, gradients and optimizer state by
-  the world size; the reference is not sharded.
-- **Gradients** (fp32, trainable parameters): allocated by the update's first backward and freed right after the
-  optimizer step (:class:`mmrl.train.update.PolicyUpdate`), so only the update stage holds them; under DDP (several
-  processes, no FSDP) they are DDP's buckets (``gradient_as_bucket_view``), allocated once and held in every stage.
-- **AdamW**: two fp32 moments per trainable parameter (``8 P_train``), held from the first step on; the step itself
-  (``foreach``, torch's default on CUDA) makes one more fp32 copy of the trainable parameters
-  (``_foreach_sqrt(exp_avg_sq)``).
-- **Trainable set**: everything; minus the vision tower with ``model.freeze_vision``; only the adapters with LoRA
-  (``r (in + out)`` per adapted ``Linear``, matched by peft's rule for ``model.lora.target_modules``).
-- **Reference model**: a separate frozen copy when ``algo.kl_coef > 0`` without LoRA; with LoRA the policy with its
-  adapters disabled (no memory).
-- **vLLM** (``rollout.engine: vllm``, one colocated engine per rank, ``tensor_parallel_size`` ranks per engine):
-  awake, it takes ``gpu_memory_utilization`` (default 0.3, :mod:`mmrl.rollout.vllm`) x the GPU for its weights
-  (``model.dtype`` bytes x ``P / tp``), its activations (``VLLM_WORKSPACE``, an estimate) and the KV cache (the
-  rest; or ``kv_cache_memory_bytes``); the cache must hold one ``max_model_len`` sequence or vLLM refuses to start.
-  With ``sleep_mode`` (level 1) it sleeps from the end of generation to the weight sync: weights offloaded to host
-  memory, KV cache freed, ``VLLM_ASLEEP`` (CUDA graphs, buffers; an estimate) left on the GPU. The sync wakes the
-  weights, streams the policy's tensors one at a time, then wakes the KV cache.
-- **Activations of the update** (one micro-batch of ``B`` rows, forward and backward;
-  :func:`mmrl.plan.memory.update_activations`). Per token and block, what autograd keeps for the backward, counted op by
-  op: bf16 autocast over fp32 weights (the residual stream stays fp32) keeps ``34 h + 8 m`` in a decoder layer and in
-  a vision block; FSDP's bf16 mixed precision ``26 h + 8 m`` / ``32 h + 8 m``; fp32 ``40 h + 16 m`` / ``52 h + 16 m``;
-  plus ``4 heads + 8`` (softmax statistics) and, in a decoder layer, the padding mask as a bias (``2 S`` per token;
-  fp32 ``4 S``). With gradient checkpointing a block keeps only its input (``4 h``; bf16 ``2 h``) and the backward
-  recomputes one block at a time (casting its trainable matmul weights again: the block's, or its adapters' under
-  LoRA). Autocast caches a bf16 copy of every trainable matmul weight (``2 P_matmul``) until the backbone's forward
-  ends; frozen ones, stored in bf16, need no copy. The peak is the largest of: the end of the forward (what is kept,
-  the copies, one layer's transient ``4 h + 6 m``), the head's backward (five ``chunk x V x 4`` buffers, or a
-  trainable head weight's gradient summed over the chunks: three ``4 V h`` copies), the backward through the top
-  decoder layer and the top vision block (what is kept plus the recomputed block), and the embedding's gradient at the
-  very end (three ``4 V h`` copies when the head is tied to it: the head's gradient waits there through the whole
-  backward). Also kept: the micro-batch's pixels (fp32, or bf16 where the model's first parameter, which sets
-  ``model.dtype``, is a frozen weight stored in bf16: Qwen's patch embedding), the merger's and the final norm's
-  tensors, rotary tables, the ``B x S x S`` boolean mask. The vision tower sees ``merge^2`` patches per visual token,
-  one image per row (a group's rows each encode it). LoRA: the frozen base keeps no inputs for weight gradients, each
-  adapter its bf16 input and ``2 r`` (with dropout, CUDA's 1-byte mask per input element); the base keeps its bf16
-  weight for the backward, which is the stored one (no copy); with checkpointing peft's input hook (which transformers
-  puts on the patch embedding too) records the frozen vision tower, so its inputs are kept and back-propagated
-  through.
-- **Log-probs** (old / reference, no grad; :func:`mmrl.plan.memory.nograd_activations`): the largest of the vision
-  tower's phase, the language model's (the fp32 policy's autocast copies, the embeddings, one layer's transient and
-  mask bias) and the head's (``2 + entropy`` buffers of ``chunk x V x 4`` bytes; a bf16 head's fp32 copy ``4 V h``).
-- **Checked**: ``benchmarks/plan_accuracy.py`` measures these components in torch's own accounting of a real
-  training step of the 3B and 7B architectures (fake tensors): within 1-8% each.
-- **Outside torch's allocator**: ``CUDA_CONTEXT`` per process (CUDA context, cuBLAS and NCCL workspaces) and
-  ``ALLOCATOR_SLACK`` of torch's own peak for the caching allocator's fragmentation.
-
-The prompt is ``--text-tokens`` of text (default ``TEXT_TOKENS``) plus, per image, ``max_pixels / (patch x
-merge)^2`` visual tokens (one per 28 x 28 px for Qwen2.5-VL: ``patch_size x spatial_merge_size`` from the vision
-config) and per video ``video_max_frames / temporal_patch x video_max_pixels / (patch x merge)^2``; by default one
-image per prompt, or the most images and videos a record of ``data.train`` holds when that file exists. A
-multi-turn recipe (``rollout.env``) plans its longest episode as one sequence: ``max_turns`` completions and
-``max_turns - 1`` observations (each ``OBSERVATION_TEXT_TOKENS`` of text and one image, within ``max_images`` and
-``max_context_pixels``), cut at ``max_total_tokens``.
-
-The verdict compares each stage's total with the GPU (``--gpu-memory``, else ``hardware.gpu_memory_gib``, else 80
-GiB). A run that does not fit gets the cheapest change that does, found by planning each candidate again, in this
-order: a smaller micro-batch, gradient checkpointing, a smaller vLLM share, FSDP, LoRA, more GPUs.
+Invariants: every stage's total is per rank (one process per GPU); FSDP divides the policy's weights, gradients and
+optimizer state by the world size but not the reference; the verdict compares each stage with the GPU
+(``--gpu-memory``, else ``hardware.gpu_memory_gib``, else 80 GiB), and a run that does not fit gets the cheapest change
+that does, each candidate planned again, in this order: a smaller micro-batch, gradient checkpointing, a smaller vLLM
+share, FSDP, LoRA, more GPUs. ``benchmarks/plan_accuracy.py`` holds the components to torch's own accounting of a real
+3B and 7B step (within 1-8% each).
 """
 
 from __future__ import annotations

@@ -1,70 +1,22 @@
-"""The episode driver: multi-turn rollouts built by appending token ids (issue 20 §1, docs/agents.md#step-level-credit).
+"""The episode driver: multi-turn rollouts built by appending token ids (docs/agents.md#the-episode-driver).
 
 An episode is ``prompt | completion_1 | obs_1 | completion_2 | obs_2 | ... | completion_k``. Each turn the driver
 hands every live episode's whole current sequence to ONE ``engine.generate`` call, steps every live episode in the
-:class:`~mmrl.envs.EnvPool` in parallel, and appends the observation's tokens. Earlier turns are never
-re-tokenised, so the sequence trained on is the sequence sampled, token for token; the training forward scores it in
-one pass (:func:`trajectory_logprobs`, equal to the engine's per-turn log-probs, ``tests/test_episodes.py``).
+:class:`~mmrl.envs.EnvPool` in parallel, and appends the observation's tokens (:func:`observation_delta`: the text the
+chat template writes after the assistant's end-of-turn marker, tokenised alone, with the new images at the policy's
+geometry). A single-turn sample is the same path, an episode of one turn whose G episodes share their prompt.
 
-Observation turns as token deltas (:func:`observation_delta`): the chat template renders a conversation whose
-assistant turn says a sentinel, followed by the observation's turn (``user``, or ``tool``) and the generation prompt;
-the delta is the text after the assistant's end-of-turn marker (the first of the checkpoint's stop tokens after the
-sentinel), so for Qwen
-``\n<|im_start|>user\n{text}<|vision_start|><|image_pad|>...<|vision_end|><|im_end|>\n<|im_start|>assistant\n``.
-The observation's content is its text, then its images (the order of :mod:`mmrl.envs.base`). The processor tokenises
-the delta alone (no BOS) with the new images resized at the policy's geometry as :meth:`Policy.encode` resizes the
-first turn's, so its image placeholders expand to the same counts; the marker is a special token, so the text after
-it tokenises alone as it does in a whole conversation. A completion that did not end with the marker (cut by length,
-or another stop id such as Qwen's ``<|endoftext|>`` or GLM's ``</answer>``) gets the marker appended as an
-environment token (mask 0) before the delta, so the next turn has the structure the template gives. Checked
-against :meth:`Policy.encode` of whole conversations (tests/test_episodes.py): equal ids and media for Qwen2-VL,
-Qwen2.5-VL, Qwen3-VL, Gemma 3, GLM-4.1V, InternVL, LLaVA-OneVision, Idefics3, SmolVLM, Mistral 3 and Llama 4. Where
-a template renders OLD assistant turns unlike what was sampled (thinking templates: Qwen3.5's generation prompt
-opens ``<think>``, which old turns lose when rendered again; Gemma 4's thought channel), a re-rendered conversation
-differs from the sampled one: that is why ids are appended. The env reads each turn as ``response_prefix`` (what the
-generation prompt opened) plus the completion's text, as rewards do.
-
-The first turn: the sample's own messages plus what the env's ``reset`` shows (its text after the prompt's text,
-its images after the prompt's images), encoded by :meth:`Policy.encode`. The env sees the sample with the image
-sizes and coordinate frame in its metadata, as rewards do (the zoom env maps boxes with them).
-
-Media of the whole trajectory (``mm``) come from one processor call over all its images in order (the rendered
-texts of the prompt and the deltas carry their placeholders; the ids of that call are not used), so every family's
-batching convention comes out as :meth:`Policy.encode` of the whole conversation would give it (per-image rows in
-Qwen, one row holding all tiles in Idefics3, per-prompt counts in LLaVA-OneVision); it is rerun only on turns that add
-images. Per-token tensors (``seq``: ``mm_token_type_ids``, Gemma 3's ``token_type_ids``) are the prompt's, the
-deltas' own, and 0 on sampled and appended marker tokens.
-
-Pixel budget (:class:`ImageBudget`): earlier images are never dropped or shrunk, because that would change tokens
-the later turns were sampled after (the training forward must see what each turn's sampling saw, and a causal
-forward over one sequence cannot show an image to turn 2 and hide it from turn 3). Instead the budget acts on the
-NEW images of an observation: with ``rule: downscale`` they are resized to share what is left of ``max_pixels``
-(model-input pixels of all images in the context), and when even the geometry's smallest size does not fit, or
-``max_images`` would be exceeded, the episode ends (``end = "image_budget"``); with ``rule: end`` it ends at once.
-
-Limits: an episode ends when its env says ``done`` (``end = "done"``, or ``"error"`` when the step failed: a raising
-env, a timeout, a crashed worker; the other episodes go on), after ``max_turns`` completions (``"max_turns"``), or
-when the next turn (marker, observation and ``max_new_tokens``) would take the sequence past ``max_total_tokens``
-(``"max_tokens"``); the first turn always runs. An episode whose env fails at ``reset`` has no turns (an empty
-response, ``end = "error"``).
-
-Teacher-forced episodes (``teacher="oracle"``): each turn's completion is not sampled but is the env's oracle text
-(:meth:`mmrl.envs.Env.oracle`, asked through :meth:`EnvPool.oracle`) tokenised alone (no special tokens) and
-followed by the assistant's end-of-turn marker, so it ends like a sampled completion that stopped: mask 1, log-probs
-0, ``finish_reason`` ``"stop"``. When the oracle's text starts with the turn's ``response_prefix`` (the think block
-the generation prompt opened), that prefix is cut from the completion, since the env reads prefix + completion.
-Everything else (observations, deltas, images, budgets, limits) is the sampled path's; no engine is needed. An
-oracle that has no action before the env said done ends its episode (``end = "error"``). The mask-1 tokens of such a
-trajectory are exactly what the policy would sample, so :func:`trajectory_logprobs` over it is the multi-turn SFT
-objective (:mod:`mmrl.train.sft`).
-
-The training forward (:func:`trajectory_logprobs`) is the padded layout of :meth:`Policy.collate` over whole
-trajectories; environment tokens keep their ids (an observation's image placeholders are image slots there, unlike
-a completion's, which :meth:`Policy.collate` blanks).
-
-Single-turn samples (no env) are the same path, an episode of one turn: the G episodes of a sample share its
-:class:`EncodedPrompt`, and contexts shared by n episodes are generated as ``n`` completions of one prompt, so the
-engine call is exactly the collector's single-turn ``engine.generate(prompts, SamplingParams(n=G))``.
+Invariants (each tested in tests/test_episodes.py):
+- earlier turns are never re-tokenised: the sequence trained on is the sequence sampled, token for token, and
+  :func:`trajectory_logprobs` over it equals the engine's per-turn log-probs;
+- a completion that did not end with the end-of-turn marker gets it appended as an environment token (mask 0);
+- earlier images are never dropped or shrunk (later turns were sampled after them): :class:`ImageBudget` acts on an
+  observation's NEW images only (``downscale`` to what is left, else the episode ends with ``image_budget``);
+- the media of a whole trajectory come from one processor call over all its images in order, so every family's
+  batching convention is the one :meth:`Policy.encode` of the whole conversation gives;
+- an episode ends on the env's ``done`` (``error`` when the step failed; the others go on), after ``max_turns``
+  completions, or before a turn that could pass ``max_total_tokens``; teacher-forced episodes
+  (``teacher="oracle"``) take every turn from the env's oracle, the rest of the path unchanged.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from mmrl.model.checkpoint_files import ModelView
 from mmrl.processors.image import thumbnail
-from mmrl.rewards.base import reward_overlay
+from mmrl.rewards.base import REWARDS, reward_overlay
 from mmrl.types import render_stem
 
 THUMB_SIDE = 384  # longest side of an embedded image, in CSS pixels
@@ -359,8 +359,8 @@ def gallery(
 ) -> list[GroupView]:
     """The groups of the ``max_steps`` latest logged steps, latest first, in the order each step logged them;
     ``model`` is how the run's model saw images (:meth:`ModelView.of_model` of its ``model`` settings); ``reward_names`` the run's rewards (their
-    overlays are drawn; None: the GUI one, whose references say whether they apply)."""
-    draw = overlays(reward_names if reward_names is not None else ["gui_action"])
+    overlays are drawn; None: every reward's that declares one, each drawing only the rows it can read)."""
+    draw = overlays(reward_names if reward_names is not None else REWARDS.names())
     by_step: dict[int, list[dict[str, Any]]] = {}
     for row in rollouts:
         by_step.setdefault(int(row.get("step", 0)), []).append(row)
