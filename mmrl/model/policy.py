@@ -543,6 +543,48 @@ class Policy:
             hook.remove()
         return captured[-1]
 
+    def refuse_placeholders(self, tokens: Iterable[int], what: str) -> None:
+        """Vision placeholders are outside the policy's support: sampled tokens holding one are an engine bug, refused
+        before scoring (a host-side set: no device sync per token)."""
+        bad = self.suppressed_id_set.intersection(tokens)
+        if bad:
+            raise ValueError(
+                f"{what} holds vision placeholder token(s) {sorted(bad)}; rollout engines must suppress "
+                "Policy.suppressed_token_ids"
+            )
+
+    def score_tokens(
+        self,
+        hidden: torch.Tensor,
+        targets: torch.Tensor,
+        keep: torch.Tensor,
+        like: torch.Tensor,
+        *,
+        temperature: float = 1.0,
+        with_entropy: bool = True,
+        entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The head step every scoring path shares: log-probs (and full-vocabulary entropies) of ``targets [N]`` from
+        the hidden states that predict them ``[N, H]``, in fp32 over the support less the vision placeholders,
+        scattered to the flat positions ``keep [N]`` of a grid shaped, typed and placed like ``like [B, T]`` (0
+        elsewhere)."""
+        B, T = like.shape
+        with self.autocast():
+            lp, ent = selective_logprobs(
+                self.model.get_output_embeddings(),
+                hidden[None],
+                targets[None],
+                temperature=temperature,
+                suppress=self.suppress_ids,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+                chunk=self.cfg.logits_chunk_tokens,
+                softcap=self.logit_softcap,
+            )
+        logp = like.new_zeros(B * T).index_put((keep,), lp[0]).view(B, T)
+        entropy = None if ent is None else like.new_zeros(B * T).index_put((keep,), ent[0]).view(B, T)
+        return logp, entropy
+
     def logprobs(
         self,
         prompts: list[EncodedPrompt],
@@ -560,14 +602,8 @@ class Policy:
         completion tokens only (0 elsewhere). ``packed``: see :meth:`completion_hidden`. Vision placeholders are
         outside the policy's support: a completion holding one is an engine bug and is refused.
         """
-        suppressed = self.suppressed_id_set  # a host-side set: no device sync per completion token
         for c in completions:
-            bad = suppressed.intersection(c)
-            if bad:
-                raise ValueError(
-                    f"completion contains vision placeholder token(s) {sorted(bad)}; rollout engines must "
-                    "suppress Policy.suppressed_token_ids"
-                )
+            self.refuse_placeholders(c, "a completion")
 
         def score() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
             hidden, target, mask = self.completion_hidden(prompts, completions, packed)
@@ -576,20 +612,15 @@ class Policy:
             keep = torch.tensor(
                 [i * T + t for i, c in enumerate(completions) for t in range(len(c))], device=mask.device
             )
-            with self.autocast():
-                lp, ent = selective_logprobs(
-                    self.model.get_output_embeddings(),
-                    hidden.reshape(B * T, -1)[keep][None],
-                    target.reshape(B * T)[keep][None],
-                    temperature=temperature,
-                    suppress=self.suppress_ids,
-                    with_entropy=with_entropy,
-                    entropy_grad=entropy_grad,
-                    chunk=self.cfg.logits_chunk_tokens,
-                    softcap=self.logit_softcap,
-                )
-            logp = mask.new_zeros(B * T).index_put((keep,), lp[0]).view(B, T)
-            entropy = None if ent is None else mask.new_zeros(B * T).index_put((keep,), ent[0]).view(B, T)
+            logp, entropy = self.score_tokens(
+                hidden.reshape(B * T, -1)[keep],
+                target.reshape(B * T)[keep],
+                keep,
+                mask,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                entropy_grad=entropy_grad,
+            )
             return logp, entropy, mask
 
         return self.scored(score)

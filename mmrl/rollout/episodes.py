@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from mmrl.algos.advantages import Turn
-from mmrl.model.logprobs import selective_logprobs
 from mmrl.model.policy import Policy
 from mmrl.model.prompt import EncodedPrompt, opened_think
 from mmrl.rollout.base import Completion, RolloutEngine, SamplingParams
@@ -246,6 +245,16 @@ class Trajectory:
             return bool(self.steps[-1].info["success"])
         return self.episode_return > 0
 
+    def last_completion(self) -> Completion:
+        """The last turn's completion (an empty one when the env failed at reset): what the rewards score."""
+        return self.completions[-1] if self.completions else Completion([], "", [], "stop")
+
+    def whole_response(self) -> Completion:
+        """The whole response (environment tokens included) as one completion: ``text`` and ``finish_reason`` are
+        the last turn's; a one-turn episode's is its completion."""
+        last = self.last_completion()
+        return Completion(list(self.response), last.text, list(self.logprobs), last.finish_reason)
+
     @property
     def length(self) -> int:
         return len(self.prompt.input_ids) + len(self.response)
@@ -409,9 +418,17 @@ def run_episodes(
             [Trajectory.start(f"{s.id}#{g}", s, p, f"{s.id}#{g}") for g in range(G)]
             for s, p in zip(samples, prompts)
         ]
+        if (
+            teacher is None
+        ):  # the single-turn call itself: G completions of each prompt, its media encoded once
+            for row, group in zip(trajs, engine.generate(prompts, params)):
+                for t, c in zip(row, group):
+                    t.add_completion(c)
+                    t.end = "single_turn"
+            return trajs
     else:
         trajs = _reset(policy, pool, samples, prompts, G, env_name, env_options or {})
-    marker = end_of_turn(policy, role)[0] if env_name is not None else -1
+    marker = end_of_turn(policy, role)[0]
     limits = _Limits(max_turns, max_total_tokens, params.max_new_tokens, images, role, marker)
     live = [t for row in trajs for t in row if not t.end]
     turn = 0
@@ -425,17 +442,12 @@ def run_episodes(
                 live = _teach(policy, pool, live, marker)
                 if not live:
                     break
-            if pool is None or env_name is None:  # single-turn samples
-                for t in live:
-                    t.end = "single_turn"
-                break
             results = pool.step({t.episode_id: t.response_prefix + t.completions[-1].text for t in live})
             going = [t for t in live if _after_step(policy, t, results[t.episode_id], turn, limits)]
             pool.close_episode(*[t.episode_id for t in live if t.end and t.end not in ("done", "error")])
             live = going
     finally:  # an engine failure leaves no episode open in the pool (ids no longer live are ignored)
-        if pool is not None and env_name is not None:
-            pool.close_episode(*[t.episode_id for t in live if not t.end])
+        pool.close_episode(*[t.episode_id for t in live if not t.end])
     return trajs
 
 
@@ -604,14 +616,10 @@ def trajectory_logprobs(
     every turn, scoring the sampled tokens (mask 1). Returns ``logp [B, T]`` (0 on environment tokens and padding),
     the entropy (or None) and ``mask [B, T]`` (1 on sampled tokens), T the longest response. Padded layout (left
     padding, as :meth:`Policy.collate`); gradients flow through ``logp`` unless under ``torch.no_grad()``."""
-    suppressed = policy.suppressed_id_set
     for t in trajectories:
-        bad = suppressed.intersection(tok for tok, m in zip(t.response, t.mask) if m)
-        if bad:
-            raise ValueError(
-                f"episode {t.episode_id!r}: sampled tokens hold vision placeholder(s) {sorted(bad)}; rollout "
-                "engines must suppress Policy.suppressed_token_ids"
-            )
+        policy.refuse_placeholders(
+            (tok for tok, m in zip(t.response, t.mask) if m), f"episode {t.episode_id!r}"
+        )
     full = [t.context() for t in trajectories]
     B, T = len(trajectories), max((len(t.response) for t in trajectories), default=0)
     ids, attn, mm, L = policy.collate(full)
@@ -635,20 +643,15 @@ def trajectory_logprobs(
             with policy.matched_tower_calls(mm):
                 last = policy.last_hidden(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
             hidden = last[torch.tensor(rows, device=last.device), torch.tensor(cols, device=last.device)]
-            lp, ent = selective_logprobs(
-                policy.model.get_output_embeddings(),
-                hidden[None],
-                torch.tensor(targets, device=last.device)[None],
+            logp, entropy = policy.score_tokens(
+                hidden,
+                torch.tensor(targets, device=last.device),
+                torch.tensor(flat, device=mask.device),
+                mask,
                 temperature=temperature,
-                suppress=policy.suppress_ids,
                 with_entropy=with_entropy,
                 entropy_grad=entropy_grad,
-                chunk=policy.cfg.logits_chunk_tokens,
-                softcap=policy.logit_softcap,
             )
-        keep = torch.tensor(flat, device=mask.device)
-        logp = mask.new_zeros(B * T).index_put((keep,), lp[0]).view(B, T)
-        entropy = None if ent is None else mask.new_zeros(B * T).index_put((keep,), ent[0]).view(B, T)
         return logp, entropy, mask
 
     return policy.scored(score)

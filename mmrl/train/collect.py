@@ -7,20 +7,21 @@ fresh prompts each time) until ``train.prompts_per_step`` informative groups are
 prompts are all too easy or too hard stops with a reason instead of spinning. Surplus informative groups of the last
 round are left out. The sampler hears about every group that was generated (VADE learns from dropped groups too).
 
-With several processes (:mod:`mmrl.distributed`) each rank generates and rewards its share of a round's groups, and
-the outcomes (completions, rewards, reward results) are gathered: every rank then holds the whole batch and decides
-the same, while ``prompts`` are encoded only for the rank's own share (``None`` elsewhere).
-
-Multi-turn episodes (``rollout.env``, issue 20): the rollout stage runs :func:`mmrl.rollout.episodes.run_episodes` in an
-:class:`~mmrl.envs.EnvPool` (``rollout.env_workers`` processes, folders under ``DIR/episodes``) instead of one
-``engine.generate``; each group is then G :class:`~mmrl.rollout.episodes.Trajectory` objects (``Collected.trajectories``,
-gathered like the completions), and ``groups`` holds one :class:`Completion` per trajectory (its whole response,
-environment tokens included, with the rollout log-probs: 0 on environment tokens). A trajectory's reward is its
-return R(tau) (the sum of its turn rewards), plus the composite of ``rewards:`` on its LAST turn's text when the
-recipe lists any (a format reward on the final answer, say); the parts log ``env_return``. Episode statistics
-(``episode/*``: success share, turns, per-step correctness from the env's ``info["target_hit"]``, how episodes ended,
-env failures) are in ``Collected.stats``. Episode folders hold the observation images; the ones not logged to
+Every rollout runs the episode driver (:func:`mmrl.rollout.episodes.run_episodes`): a single-turn sample is an episode
+of one turn, its G completions one engine call as before; with ``rollout.env`` the episodes run in an
+:class:`~mmrl.envs.EnvPool` (``rollout.env_workers`` processes, folders under ``DIR/episodes``). Each group is G
+:class:`~mmrl.rollout.episodes.Trajectory` objects (``Collected.trajectories``), and ``groups`` holds one
+:class:`Completion` per trajectory (its whole response, environment tokens included, with the rollout log-probs: 0
+on environment tokens). A trajectory's reward is the composite of ``rewards:`` on its LAST turn's text, plus in an env
+its return R(tau) (the sum of its turn rewards; the parts log ``env_return``). Episode statistics (``episode/*``:
+success share, turns, per-step correctness from the env's ``info["target_hit"]``, how episodes ended, env failures)
+are in ``Collected.stats`` for env runs. Episode folders hold the observation images; the ones not logged to
 rollouts.jsonl are removed after the step (:meth:`Collector.retire_episodes`).
+
+With several processes (:mod:`mmrl.distributed`) each rank generates and rewards its share of a round's groups, and
+the outcomes (trajectories, rewards, reward results) are gathered: every rank then holds the whole batch and decides
+the same, while ``prompts`` are encoded only for the rank's own share (``None`` elsewhere; the gathered trajectories
+carry theirs).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from mmrl.model.prompt import EncodedPrompt
 from mmrl.rewards.compose import ComposedResult, CompositeReward
 from mmrl.rollout import SamplingParams
 from mmrl.rollout.base import Completion, RolloutEngine
+from mmrl.rollout.episodes import ImageBudget, Trajectory, run_episodes
 from mmrl.rollout.prompt_cache import PromptCache
 from mmrl.samplers.base import Sampler
 from mmrl.types import RewardInput, Sample
@@ -91,7 +93,7 @@ class Collected:
     results: list[Any]  # [B*G] reward results (parts, errors)
     stats: dict[str, float] = field(default_factory=dict)
     pending: Callable[[], tuple[torch.Tensor, list[Any]]] | None = None
-    trajectories: list[list[Any]] | None = None  # [B][G] mmrl.rollout.episodes.Trajectory under rollout.env
+    trajectories: list[list[Trajectory]] = field(default_factory=list)  # [B][G]: the groups' episodes
 
     def resolve(self) -> Collected:
         """Wait for rewards still being computed (``train.overlap_rewards``); a no-op once they are in. Call it on
@@ -149,17 +151,16 @@ class Collector:
         return self._pool
 
     def image_budget(self) -> Any:
-        from mmrl.rollout.episodes import ImageBudget
-
         r = self.cfg.rollout
         return ImageBudget(r.max_images, r.max_context_pixels, r.image_rule)  # type: ignore[arg-type]
 
     def run_episodes(
         self, samples: list[Sample], prompts: list[EncodedPrompt], params: SamplingParams
-    ) -> list:
-        """``params.n`` episodes of each sample in the run's env (``[B][G]`` trajectories)."""
-        from mmrl.rollout.episodes import run_episodes
-
+    ) -> list[list[Trajectory]]:
+        """``params.n`` episodes of each sample (``[B][G]`` trajectories): one turn each, or in the run's env
+        (``rollout.env``) in the env pool."""
+        if not self.multi_turn:
+            return run_episodes(self.policy, self.engine, samples, params, prompts=prompts)
         r = self.cfg.rollout
         pool = self.pool()
         trajs = run_episodes(
@@ -207,41 +208,42 @@ class Collector:
     def score(
         self,
         samples: list[Sample],
-        prompts: list[EncodedPrompt],
-        groups,
+        trajs: list[list[Trajectory]],
         render_dirs: list[Path | None] | None = None,
     ) -> tuple[torch.Tensor, list]:
+        """Each trajectory's reward ``[k, G]``: the composite of ``rewards:`` on its last turn's text (a one-turn
+        episode's only completion), plus in an env its return (module docstring); and the results (parts, errors)."""
+        G = len(trajs[0]) if trajs else 0
+        flat = [t for row in trajs for t in row]
+        returns = torch.tensor([t.episode_return for t in flat], dtype=torch.float32).view(len(samples), G)
+        if self.reward is None:  # an env's returns alone
+            results = [
+                ComposedResult(float(t.episode_return), {"env_return": t.episode_return}) for t in flat
+            ]
+            return returns, results
         dirs = render_dirs or [None] * len(samples)
         inputs = [
             ri
-            for s, p, g, d in zip(samples, prompts, groups, dirs)
-            for ri in reward_inputs(s, p, [c.text for c in g], [len(c.token_ids) for c in g], d)
+            for s, row, d in zip(samples, trajs, dirs)
+            for ri in reward_inputs(
+                s,
+                row[0].prompt,
+                [t.last_completion().text for t in row],
+                [len(t.last_completion().token_ids) for t in row],
+                d,
+            )
         ]
-        results = self.reward(inputs) if self.reward is not None else [ComposedResult(0.0) for _ in inputs]
-        return torch.tensor([r.score for r in results], dtype=torch.float32).view(len(samples), -1), results
-
-    def score_episodes(
-        self, samples: list[Sample], trajs: list[list[Any]], render_dirs: list[Path | None] | None = None
-    ) -> tuple[torch.Tensor, list]:
-        """Each trajectory's return, plus the composite of ``rewards:`` on its last turn's text (module docstring)."""
-        G = len(trajs[0]) if trajs else 0
-        returns = torch.tensor([[t.episode_return for t in row] for row in trajs], dtype=torch.float32)
-        if self.reward is None:
-            results = [
-                ComposedResult(float(t.episode_return), {"env_return": t.episode_return})
-                for row in trajs
-                for t in row
-            ]
-            return returns.view(len(samples), G), results
-        last = [[_last_turn(t) for t in row] for row in trajs]
-        scores, composed = self.score(samples, [row[0].prompt for row in trajs], last, render_dirs)
+        composed = self.reward(inputs)
+        scores = torch.tensor([r.score for r in composed], dtype=torch.float32).view(len(samples), -1)
+        if not self.multi_turn:
+            return scores, composed
         results = [
             ComposedResult(
                 float(t.episode_return) + r.score, {**r.parts, "env_return": t.episode_return}, r.errors
             )
-            for t, r in zip([t for row in trajs for t in row], composed)
+            for t, r in zip(flat, composed)
         ]
-        return returns.view(len(samples), G) + scores, results
+        return returns + scores, results
 
     def render_dir(self, b: int, sample: Sample) -> Path | None:
         """Where group b's renders go (``DIR/renders/step-N/<id>``, plus ``-j`` per response), when
@@ -268,38 +270,22 @@ class Collector:
             ]
         local = [prompts[b] for b in mine]
         # chunks: the HF engine generates batch_size prompts at a time anyway; an engine that schedules the whole
-        # batch itself (vLLM) gets it at once
-        # episodes batch every live episode of the round at each turn: one chunk
-        whole = self.engine.owns_weights or not self.cfg.train.overlap_rewards
-        whole = whole or self.multi_turn
+        # batch itself (vLLM) gets it at once; episodes batch every live episode of the round at each turn: one chunk
+        whole = self.engine.owns_weights or not self.cfg.train.overlap_rewards or self.multi_turn
         chunk = len(local) if whole else max(1, self.engine.batch_size)
-        groups_local: list[list[Completion]] = []
-        trajs_local: list[list[Any]] = []
+        trajs_local: list[list[Trajectory]] = []
         futures: list[Future] = []
         with self.stage("rollout"):
             with self.generation_weights():
                 for s in range(0, len(local), max(1, chunk)):
                     bs = list(mine)[s : s + chunk]
                     dirs = [self.render_dir(b, samples[b]) for b in bs]
-                    if self.multi_turn:
-                        trajs = self.run_episodes(
-                            [samples[b] for b in bs], local[s : s + chunk], self.sampling_params()
-                        )
-                        trajs_local += trajs
-                        part = [[_whole_response(t) for t in row] for row in trajs]
-                        job = (self._timed, self.score_episodes, [samples[b] for b in bs], trajs, dirs)
-                    else:
-                        part = self.engine.generate(local[s : s + chunk], self.sampling_params())
-                        job = (
-                            self._timed,
-                            self.score,
-                            [samples[b] for b in bs],
-                            local[s : s + chunk],
-                            part,
-                            dirs,
-                        )
-                    groups_local += part
-                    futures.append(self._reward_thread().submit(*job))
+                    mine_samples = [samples[b] for b in bs]
+                    trajs = self.run_episodes(mine_samples, local[s : s + chunk], self.sampling_params())
+                    trajs_local += trajs
+                    futures.append(
+                        self._reward_thread().submit(self._timed, self.score, mine_samples, trajs, dirs)
+                    )
 
         def finish() -> tuple[torch.Tensor, list[Any]]:
             with self.stage("reward"):  # the wait: rewards computed meanwhile do not count here
@@ -314,14 +300,12 @@ class Collector:
             self.sampler.update(idx, rewards)
             return rewards, results
 
-        if self.multi_turn:  # trajectories (and through them the completions) from every rank
-            trajs_all = [row for part in self.dist.gather(trajs_local) for row in part]
-            groups = [[_whole_response(t) for t in row] for row in trajs_all]
-            got = Collected(idx, samples, prompts, groups, None, [], pending=finish, trajectories=trajs_all)
+        # the trajectories (and through them the completions) from every rank
+        trajs_all = [row for part in self.dist.gather(trajs_local) for row in part]
+        groups = [[t.whole_response() for t in row] for row in trajs_all]
+        got = Collected(idx, samples, prompts, groups, None, [], pending=finish, trajectories=trajs_all)
+        if self.multi_turn:
             got.stats = episode_stats(trajs_all)
-        else:
-            groups = [g for part in self.dist.gather(groups_local) for g in part]
-            got = Collected(idx, samples, prompts, groups, None, [], pending=finish)
         return got if overlap else got.resolve()
 
     def _timed(
@@ -366,7 +350,7 @@ class Collector:
             kept.append(_select(got, keep))
             if informative >= k:
                 out = _select(_concat(kept), list(range(k)))
-                out.stats = (episode_stats(out.trajectories) if out.trajectories is not None else {}) | {
+                out.stats = (episode_stats(out.trajectories) if self.multi_turn else {}) | {
                     "rollout/groups_generated": float(generated),
                     "rollout/sampling_rounds": float(rounds),
                 }
@@ -388,12 +372,11 @@ def _select(c: Collected, keep: list[int]) -> Collected:
         [c.groups[b] for b in keep],
         c.rewards[keep],
         [r for b in keep for r in c.results[b * G : (b + 1) * G]],
-        trajectories=None if c.trajectories is None else [c.trajectories[b] for b in keep],
+        trajectories=[c.trajectories[b] for b in keep],
     )
 
 
 def _concat(parts: list[Collected]) -> Collected:
-    trajs = None if any(p.trajectories is None for p in parts) else [t for p in parts for t in p.trajectories]
     return Collected(
         [i for p in parts for i in p.indices],
         [s for p in parts for s in p.samples],
@@ -401,22 +384,8 @@ def _concat(parts: list[Collected]) -> Collected:
         [g for p in parts for g in p.groups],
         torch.cat([p.rewards for p in parts]),
         [r for p in parts for r in p.results],
-        trajectories=trajs,
+        trajectories=[t for p in parts for t in p.trajectories],
     )
-
-
-def _whole_response(t: Any) -> Completion:
-    """A trajectory's whole response (environment tokens included) as one completion: ``text`` is its last turn's
-    and ``finish_reason`` its last completion's."""
-    last = t.completions[-1] if t.completions else None
-    return Completion(
-        list(t.response), last.text if last else "", list(t.logprobs), last.finish_reason if last else "stop"
-    )
-
-
-def _last_turn(t: Any) -> Completion:
-    """The last completion of a trajectory (an empty one when the env failed at reset)."""
-    return t.completions[-1] if t.completions else Completion([], "", [], "stop")
 
 
 def episode_stats(trajs: list[list[Any]]) -> dict[str, float]:

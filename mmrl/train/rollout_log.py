@@ -31,8 +31,8 @@ def rollout_rows(got: Collected, step: int, out: Path, keep: int) -> list[dict[s
                 for c, r in zip(g, results)
             ],
         }
-        if got.trajectories is not None:  # each response's episode and turns
-            for resp, t in zip(row["responses"], got.trajectories[b]):
+        for resp, t in zip(row["responses"], got.trajectories[b]):
+            if t.end != "single_turn":  # an env episode's summary and turns
                 resp |= episode_record(t, out)
         rows.append(row)
     return rows

@@ -40,6 +40,7 @@ from mmrl.model import fsdp
 from mmrl.model.policy import Policy
 from mmrl.rewards.compose import CompositeReward, RewardConfig
 from mmrl.rollout import ENGINES
+from mmrl.rollout.episodes import run_episodes
 from mmrl.run import checkpoint, rundir, trackers
 from mmrl.run.checkpoint import load_training_state, rng_state
 from mmrl.run.metrics import MetricsLogger
@@ -258,9 +259,8 @@ class Trainer:
                     )
                     self.logger.log(metrics)
                     self._write_rollouts(got)
-                    if got.trajectories is not None:  # episode folders: only the logged ones stay
-                        logged = got.trajectories[:ROLLOUTS_LOGGED]
-                        self.collector.retire_episodes({t.episode_id for row in logged for t in row})
+                    logged = got.trajectories[:ROLLOUTS_LOGGED]  # episode folders: only the logged ones stay
+                    self.collector.retire_episodes({t.episode_id for row in logged for t in row})
                     if self.step == cfg.train.max_steps or (
                         cfg.train.save_every and self.step % cfg.train.save_every == 0
                     ):
@@ -311,10 +311,11 @@ class Trainer:
         with c.generation_weights():
             for s in range(0, calls * bs, bs):
                 samples = [self.train_data[i] for i in mine[s : s + bs]]
-                prompts = [c.encode(x) for x in samples]
-                groups = self.engine.generate(prompts, params)
+                trajs = run_episodes(
+                    self.policy, self.engine, samples, params, prompts=[c.encode(x) for x in samples]
+                )
                 if samples:
-                    rewards.append(c.score(samples, prompts, groups)[0].reshape(-1))
+                    rewards.append(c.score(samples, trajs)[0].reshape(-1))
         parts = d.gather((mine, torch.cat(rewards) if rewards else torch.zeros(0)))
         indices, init = [i for p in parts for i in p[0]], torch.cat([p[1] for p in parts])
         self.estimator.initialise(indices, init)
@@ -324,7 +325,7 @@ class Trainer:
         return self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
 
     def make_batch(self, got: Collected) -> RolloutBatch:
-        if got.trajectories is not None:
+        if self.collector.multi_turn:
             return self._finish_batch(self._episode_batch(got))
         comps = [c for g in got.groups for c in g]
         T = max(len(c.token_ids) for c in comps)
