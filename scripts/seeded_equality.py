@@ -147,6 +147,8 @@ def main() -> int:
     )
     ap.add_argument("--keep", help="keep the trees and runs in this folder")
     args = ap.parse_args()
+    if os.sep in args.python:  # runs start in each tree: a relative interpreter path (a venv's) made absolute
+        args.python = os.path.abspath(args.python)
     work = Path(args.keep or tempfile.mkdtemp(prefix="mmrl-equality-"))
     sides = {}
     for name, rev in (("base", args.base), ("head", args.head)):

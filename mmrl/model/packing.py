@@ -3,6 +3,7 @@ encoded once for all its rows. The policy calls these; they read its model, proc
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -15,6 +16,9 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     from mmrl.model.prompt import EncodedPrompt
+
+
+_WARNED: weakref.WeakSet = weakref.WeakSet()  # the policies told that their vision is encoded per row
 
 
 class Policy(Protocol):
@@ -130,9 +134,9 @@ def encode_media_once(
 def _warn_unshared(pol: Policy) -> None:
     """Once per policy: the model's forward takes no precomputed vision features, so every row's media are encoded
     (transformers added ``mm_encoder_outputs`` in 5.18; 5.16 and 5.17 train correctly, with G x the vision work)."""
-    if getattr(pol, "_warned_unshared", False):
+    if pol in _WARNED:
         return
-    pol._warned_unshared = True
+    _WARNED.add(pol)
     import logging
 
     import transformers
