@@ -129,7 +129,7 @@ def make_batch(policy, rng: np.random.Generator, tmp: Path, prompts: int, G: int
     comps = [list(rng.choice(ordinary, int(rng.integers(4, 257)))) for _ in rows]
     T = max(len(c) for c in comps)
     old = torch.zeros(len(rows), T)
-    batch = RolloutBatch(rows, [[int(t) for t in c] for c in comps], G, old)
+    batch = RolloutBatch.one_turn(rows, [[int(t) for t in c] for c in comps], G, old)
     batch.advantages = torch.tensor(rng.standard_normal(len(rows)), dtype=torch.float32)
     return batch
 
@@ -137,8 +137,8 @@ def make_batch(policy, rng: np.random.Generator, tmp: Path, prompts: int, G: int
 def padding_share(batch, micros, packed: bool) -> float:
     real = computed = 0
     for m in micros:
-        P = [len(batch.prompts[r].input_ids) for r in m]
-        T = [len(batch.completions[r]) for r in m]
+        P = [len(batch.trajectories[r].prompt.input_ids) for r in m]
+        T = [len(batch.trajectories[r].response) for r in m]
         real += sum(P) + sum(T)
         computed += sum(P) + sum(T) if packed else len(m) * (max(P) + max(T))
     return 1 - real / computed
@@ -174,7 +174,7 @@ def run(
     assert policy.packs == packed
     opt = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=cfg.optim.lr)
     update = PolicyUpdate(cfg, policy, opt, build_scheduler(opt, cfg), temperature=1.0)
-    share = padding_share(batch, micro_batches(batch, list(range(len(batch.completions))), 1, cfg), packed)
+    share = padding_share(batch, micro_batches(batch, list(range(len(batch))), 1, cfg), packed)
     cuda = policy.device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
@@ -219,10 +219,11 @@ def main() -> None:
         encoder = Policy.from_pretrained(ModelConfig(path=str(model_dir), max_pixels=448 * 448))
         batch = make_batch(encoder, np.random.default_rng(0), tmp, args.prompts, args.group)
         del encoder
-        lengths = [len(p.input_ids) for p in batch.prompts[:: args.group]]
+        lengths = [len(t.prompt.input_ids) for t in batch.trajectories[:: args.group]]
+        responses = [len(t.response) for t in batch.trajectories]
         print(
-            f"batch: {len(batch.completions)} rows, prompts {min(lengths)}-{max(lengths)} tokens, responses "
-            f"{min(map(len, batch.completions))}-{max(map(len, batch.completions))} tokens; width {args.width}, "
+            f"batch: {len(batch)} rows, prompts {min(lengths)}-{max(lengths)} tokens, responses "
+            f"{min(responses)}-{max(responses)} tokens; width {args.width}, "
             f"{args.layers} layers ({args.family}), budget {args.budget} tokens; {args.device}, {args.dtype}"
         )
         times: dict[str, list[float]] = {"before": [], "grouped": [], "after": []}

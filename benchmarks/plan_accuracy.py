@@ -331,11 +331,11 @@ def _step(args: argparse.Namespace, cfg: Any, policy: Any, ref: Any, modes: Any)
         opt = torch.optim.AdamW(trainable, lr=1e-6, foreach=True)
         step = _OptimizerWatch(opt, live, out)
         update = PolicyUpdate(cfg, policy, opt, build_scheduler(opt, cfg), temperature=1.0)
-        batch = RolloutBatch(
+        batch = RolloutBatch.one_turn(
             [prompt] * rows,
             completions,
-            group_size=B,
-            old_logp=torch.zeros(rows, T),
+            B,
+            torch.zeros(rows, T),
             ref_logp=torch.zeros(rows, T),
             advantages=torch.linspace(-1, 1, rows),
         )

@@ -121,6 +121,33 @@ class DataConfig:
 
 
 @dataclass
+class EpisodeConfig:
+    """The settings of multi-turn episodes, one type for everything that runs them: ``rollout.episode`` in training
+    and SFT warm starts, an env benchmark's options in evaluation (under the same names); the episode driver
+    (:func:`mmrl.rollout.episodes.run_episodes`) and the env pool read them from here."""
+
+    max_turns: int = opt("completions per episode at most (the env may end it sooner)", 1)
+    env_options: dict[str, Any] = opt(
+        "the env's own options, checked against its signature (eval: env_options={max_calls: 2})",
+        factory=dict,
+    )
+    max_total_tokens: int | None = opt(
+        "an episode's prompt + response tokens at most: a turn that could pass it does not start", None
+    )
+    max_images: int | None = opt("images in an episode's context at most (the prompt's included)", None)
+    max_context_pixels: int | None = opt(
+        "model-input pixels of all images in an episode's context at most (the prompt's included)", None
+    )
+    image_rule: Literal["downscale", "end"] = opt(
+        "over the image budget: 'downscale' an observation's new images to fit, or 'end' the episode",
+        "downscale",
+    )
+    observation_role: Literal["user", "tool"] = opt("the chat role of observation turns", "user")
+    env_workers: int = opt("env worker processes (0: in this process, for debugging)", 2)
+    env_timeout_s: float = opt("deadline of one env reset or step (the episode ends with an error)", 60.0)
+
+
+@dataclass
 class RolloutConfig:
     engine: str = opt("rollout engine (registered): 'hf' (transformers generate) or 'vllm'", "hf")
     engine_options: dict[str, Any] = opt(
@@ -136,22 +163,10 @@ class RolloutConfig:
         "multi-turn episodes in this env (registered name or module:Class, `mmrl list`); None: one turn each",
         None,
     )
-    env_options: dict[str, Any] = opt("the env's own options (checked against its signature)", factory=dict)
-    max_turns: int = opt("completions per episode at most (the env may end it sooner)", 1)
-    max_total_tokens: int | None = opt(
-        "an episode's prompt + response tokens at most: a turn that could pass it does not start", None
+    episode: EpisodeConfig = opt(
+        "how episodes run in rollout.env (the env's options, limits, workers)",
+        factory=lambda: EpisodeConfig(),
     )
-    max_images: int | None = opt("images in an episode's context at most (the prompt's included)", None)
-    max_context_pixels: int | None = opt(
-        "model-input pixels of all images in an episode's context at most (the prompt's included)", None
-    )
-    image_rule: str = opt(
-        "over the image budget: 'downscale' an observation's new images to fit, or 'end' the episode",
-        "downscale",
-    )
-    observation_role: str = opt("the chat role of observation turns: 'user' or 'tool'", "user")
-    env_workers: int = opt("env worker processes (0: in the trainer's process, for debugging)", 2)
-    env_timeout_s: float = opt("deadline of one env reset or step (the episode ends with an error)", 60.0)
 
 
 @dataclass

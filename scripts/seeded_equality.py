@@ -12,7 +12,9 @@ assets). Usage:
     python scripts/seeded_equality.py --base 2865b6c --head . [--steps 20] [--recipes shapes/tiny,zoom/tiny]
         [--python .venv-vllm/bin/python --set rollout.engine=vllm]
 
-Prints one line per recipe (rows compared, identical rows, the first differing key) and exits 1 when any differs.
+Prints one line per recipe (rows compared, identical rows, rows within ``--rtol``, the largest relative difference,
+the first key beyond it) and exits 1 when any row differs beyond ``--rtol`` (default 0: identical). ``--new-keys
+PREFIX`` lets the head log keys the base did not (a deliberate addition, such as a metric family made complete).
 """
 
 from __future__ import annotations
@@ -115,22 +117,35 @@ def same(a: object, b: object) -> bool:
     return a == b
 
 
-def compare(base: list[dict], head: list[dict]) -> tuple[int, str]:
-    """(identical rows, the first difference or '')."""
-    n = 0
+def rel_diff(a: object, b: object) -> float:
+    """|a - b| / max(|a|, |b|) of two numbers (0 when equal), inf for anything else that differs."""
+    if same(a, b):
+        return 0.0
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return abs(a - b) / max(abs(a), abs(b))
+    return math.inf
+
+
+def compare(base: list[dict], head: list[dict], new_keys: tuple[str, ...] = (), rtol: float = 0.0):
+    """``(identical rows, rows within rtol, the largest relative difference, the first difference beyond rtol or
+    '')``. Keys under a ``new_keys`` prefix that only the head logs are a deliberate addition, not a difference."""
+    n = close = 0
+    worst, first = 0.0, ""
     for i, (a, b) in enumerate(zip(base, head)):
-        keys = sorted(set(a) | set(b))
-        diff = [k for k in keys if not same(a.get(k, "<absent>"), b.get(k, "<absent>"))]
-        if diff:
-            k = diff[0]
-            return (
-                n,
-                f"row {i} (step {a.get('step')}): {k} {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}",
+        keys = sorted(set(a) | {k for k in b if k in a or not k.startswith(new_keys)})
+        d = {k: rel_diff(a.get(k, "<absent>"), b.get(k, "<absent>")) for k in keys}
+        worst = max([worst, *d.values()])
+        n += not any(d.values())
+        beyond = [k for k, v in d.items() if v > rtol]
+        close += not beyond
+        if beyond and not first:
+            k = beyond[0]
+            first = (
+                f"row {i} (step {a.get('step')}): {k} {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
             )
-        n += 1
-    if len(base) != len(head):
-        return n, f"{len(base)} rows -> {len(head)} rows"
-    return n, ""
+    if len(base) != len(head) and not first:
+        first = f"{len(base)} rows -> {len(head)} rows"
+    return n, close, worst, first
 
 
 def main() -> int:
@@ -146,6 +161,18 @@ def main() -> int:
         "--set", action="append", default=[], help="a config override for both sides (repeatable)"
     )
     ap.add_argument("--keep", help="keep the trees and runs in this folder")
+    ap.add_argument(
+        "--new-keys",
+        action="append",
+        default=[],
+        help="a key prefix the head may add (repeatable), e.g. episode/end/",
+    )
+    ap.add_argument(
+        "--rtol",
+        type=float,
+        default=0.0,
+        help="rows whose numbers all agree within this relative tolerance pass",
+    )
     args = ap.parse_args()
     if os.sep in args.python:  # runs start in each tree: a relative interpreter path (a venv's) made absolute
         args.python = os.path.abspath(args.python)
@@ -157,17 +184,20 @@ def main() -> int:
         sides[name] = tree
     recipes = args.recipes.split(",") if args.recipes else tiny_recipes(sides["head"])
     failed = 0
-    print(f"{'recipe':24} {'rows':>4} {'identical':>9}  base s  head s  first difference")
+    print(
+        f"{'recipe':24} {'rows':>4} {'identical':>9} {'within':>6} {'max rel':>8}  base s  head s  first difference"
+    )
     for recipe in recipes:
         got, secs = {}, {}
         for name, tree in sides.items():
             out = work / name / "runs" / recipe.replace("/", "-")
             secs[name] = run(tree, work / name / "site", args.python, recipe, args.steps, args.set, out)
             got[name] = rows(out / "metrics.jsonl")
-        n, diff = compare(got["base"], got["head"])
+        n, close, worst, diff = compare(got["base"], got["head"], tuple(args.new_keys), args.rtol)
         failed += bool(diff)
         print(
-            f"{recipe:24} {len(got['base']):4d} {n:9d}  {secs['base']:6.0f}  {secs['head']:6.0f}  {diff or '-'}"
+            f"{recipe:24} {len(got['base']):4d} {n:9d} {close:6d} {worst:8.1e}  {secs['base']:6.0f}  "
+            f"{secs['head']:6.0f}  {diff or '-'}"
         )
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

@@ -47,9 +47,8 @@ with torch.no_grad():
 world = dist.world
 rows = list(range(dist.rank * 8 // world, (dist.rank + 1) * 8 // world))
 adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0, -0.3, 0.6])
-# as the trainer builds it: a rank can encode any row's prompt, so each mini-batch is split over the ranks balanced
-batch = RolloutBatch([p if i in rows else None for i in range(8)], comps, 2, old, ref_lp, None, adv, rows=rows,
-                     encode=lambda i: p, prompt_lengths=[len(p.input_ids)] * 8)
+# as the trainer builds it: every rank holds every row's trajectory, so each mini-batch is split over the ranks balanced
+batch = RolloutBatch.one_turn([p] * 8, comps, 2, old, ref_logp=ref_lp, advantages=adv, rows=rows)
 opt = torch.optim.AdamW([q for q in pol.model.parameters() if q.requires_grad], lr=1e-3)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
 with pol.training():

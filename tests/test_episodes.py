@@ -17,14 +17,13 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.config import ModelConfig
+from mmrl.config import EpisodeConfig, ModelConfig
 from mmrl.data import load_dataset
 from mmrl.envs import EnvPool
 from mmrl.model.layout import is_vision_param, language_model_prefix
 from mmrl.model.policy import Policy
 from mmrl.rollout import HFEngine, RolloutEngine, SamplingParams
 from mmrl.rollout.episodes import (
-    ImageBudget,
     all_media,
     end_of_turn,
     observation_delta,
@@ -201,18 +200,20 @@ def episodes(policy, pictures, tmp_path_factory):
             with EnvPool(tmp_path_factory.mktemp(family), workers=0) as pool:
                 out[family] = run_episodes(
                     pol, HFEngine(pol), samples, SamplingParams(n=2, temperature=1.0, max_new_tokens=6),
-                    pool=pool, env_name="test_pictures", env_options=options, max_turns=3,
+                    pool=pool, env_name="test_pictures", settings=EpisodeConfig(max_turns=3, env_options=options),
                 )  # fmt: skip
         finally:
             hook.remove()
     return out
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_turn_logprobs_equal_one_training_forward(family, policy, episodes):
+def test_turn_logprobs_equal_one_training_forward(family, packed, policy, episodes):
     """(2) Every sampled token's rollout log-prob (each turn generated from the whole sequence so far) equals the
-    training forward's over the whole trajectory in one pass, to 1e-5, with every turn's images in it; the vision
-    tower gets gradients."""
+    training forward's over the whole trajectory in one pass, to 1e-5, with every turn's images in it, in the
+    update's layouts (prompt left-padded and response right-padded, or the rows packed into one without padding:
+    the observations' images take their positions and rope indices there); the vision tower gets gradients."""
     pol = policy(family)
     trajs = [t for row in episodes[family] for t in row]
     merge = pol.processor.image_processor.merge_size
@@ -225,7 +226,7 @@ def test_turn_logprobs_equal_one_training_forward(family, policy, episodes):
         assert int((ctx.input_ids == image_id).sum()) == int(grid.prod(-1).sum()) // merge**2
         assert int((torch.tensor(t.response) == image_id).sum()) == int(grid[-2:].prod(-1).sum()) // merge**2
     with pol.training():
-        lp, _, mask = trajectory_logprobs(pol, trajs)
+        lp, _, mask = trajectory_logprobs(pol, trajs, packed=packed)
         (lp.sum() / mask.sum()).backward()
     for i, t in enumerate(trajs):
         m = torch.tensor(t.mask, dtype=torch.bool)
@@ -345,7 +346,7 @@ def test_zoom_episodes_through_the_hf_engine(policy, tmp_path):
     with EnvPool(tmp_path / "episodes", workers=1, timeout_s=30) as pool:
         trajs = run_episodes(
             pol, engine, [sample, broken], SamplingParams(n=2, temperature=1.0, max_new_tokens=32),
-            pool=pool, env_name="zoom", env_options={"max_calls": 3}, max_turns=4,
+            pool=pool, env_name="zoom", settings=EpisodeConfig(max_turns=4, env_options={"max_calls": 3}),
         )  # fmt: skip
     assert engine.calls == 3
     for t in trajs[1]:
@@ -404,7 +405,7 @@ def _run(pol, tmp, samples, *, n=1, pool_kw=None, **kw):
     with EnvPool(tmp, **(pool_kw or {"workers": 0})) as pool:
         trajs = run_episodes(
             pol, HFEngine(pol), samples, SamplingParams(n=n, temperature=1.0, max_new_tokens=4),
-            pool=pool, env_name="test_pictures", **kw,
+            pool=pool, env_name="test_pictures", settings=EpisodeConfig(**kw),
         )  # fmt: skip
         assert pool.live == []  # episodes the driver ended were closed in the pool
     return [t for row in trajs for t in row]
@@ -424,20 +425,18 @@ def test_limits_end_episodes(policy, pictures, tmp_path):
     budget = P + 3 * 40
     (t,) = _run(pol, tmp_path / "t2", samples, env_options=many, max_turns=9, max_total_tokens=budget)
     assert t.end == "max_tokens" and len(t.turns) >= 2 and t.length <= budget
-    (t,) = _run(pol, tmp_path / "n", samples, env_options=many, max_turns=9, images=ImageBudget(max_images=2))
+    (t,) = _run(pol, tmp_path / "n", samples, env_options=many, max_turns=9, max_images=2)
     assert t.end == "image_budget" and len(t.turns) == 2 and len(t.images) == 2
     w, h = pol.geometry.model_size(40, 60, pol.cfg.min_pixels, pol.cfg.max_pixels)
     first = sum(a * b for a, b in pol.encode(samples[0]).model_image_sizes)
     pixels = first + w * h + 28 * 28 * 2
-    (t,) = _run(
-        pol, tmp_path / "px", samples, env_options=many, max_turns=9, images=ImageBudget(max_pixels=pixels)
-    )
+    (t,) = _run(pol, tmp_path / "px", samples, env_options=many, max_turns=9, max_context_pixels=pixels)
     assert t.end == "image_budget" and len(t.turns) == 3
     (w1, h1), (w2, h2) = t.model_image_sizes[1:]
     assert (w1, h1) == (w, h) and w2 * h2 <= 28 * 28 * 2 < w * h  # the second one downscaled to what was left
     assert len(t.context().mm["image_grid_thw"]) == 3
-    end = ImageBudget(max_pixels=pixels, rule="end")
-    (t,) = _run(pol, tmp_path / "px-end", samples, env_options=many, max_turns=9, images=end)
+    end = {"max_context_pixels": pixels, "image_rule": "end"}
+    (t,) = _run(pol, tmp_path / "px-end", samples, env_options=many, max_turns=9, **end)
     assert t.end == "image_budget" and len(t.turns) == 2
 
 

@@ -15,13 +15,13 @@ import pytest
 
 import mmrl.eval.runner as runner
 from mmrl.cli import main
-from mmrl.config import Config, ModelConfig, from_dict
+from mmrl.config import Config, EpisodeConfig, ModelConfig, from_dict
 from mmrl.data import load_dataset
 from mmrl.distributed import Dist
-from mmrl.eval.episodic import ENDS, episode_summary
+from mmrl.eval.episodic import episode_summary
 from mmrl.model.policy import Policy
 from mmrl.rollout.base import Completion, RolloutEngine
-from mmrl.rollout.episodes import end_of_turn
+from mmrl.rollout.episodes import ENDS, end_of_turn
 from mmrl.rollout.hf import HFEngine
 from mmrl.train.collect import Collector
 from mmrl.train.validation import Validator
@@ -106,6 +106,10 @@ def _recomputed(rows: list[dict]) -> dict[str, float]:
         "accuracy": sum(r["return"] > 0 for r in rows) / len(rows),
         "turns_mean": sum(len(r["turns"]) for r in rows) / len(rows),
         "return_mean": sum(r["return"] for r in rows) / len(rows),
+        "success": sum(r["correct"] for r in rows) / len(rows),
+        "invalid_frac": sum(bool(t["info"].get("invalid")) for r in rows for t in r["turns"])
+        / max(1, sum(len(r["turns"]) for r in rows)),
+        "errors": float(sum(r["end"] == "error" for r in rows)),
     }
     out |= {f"end/{e}": sum(r["end"] == e for r in rows) / len(rows) for e in ENDS}
     return out | ({"step_accuracy": sum(hits) / len(hits)} if hits else {})
@@ -144,7 +148,15 @@ def test_zoom_with_the_tiny_model_reports_what_its_rows_say(zoom_data, tmp_path,
         assert r["correct"] == (r["return"] > 0) and 1 <= len(r["turns"]) <= 3 and r["end"] in ENDS
         assert r["end"] != "max_turns" or len(r["turns"]) == 3
         for t in r["turns"]:
-            assert set(t) == {"action", "reward", "target_hit", "finish_reason", "images", "info"}
+            assert set(t) == {
+                "action",
+                "reward",
+                "state_key",
+                "target_hit",
+                "finish_reason",
+                "images",
+                "info",
+            }
             assert t["target_hit"] in (True, False) and "target_hit" not in t["info"]
             assert all((out / p).is_file() for p in t["images"])  # relative to the output folder
     expected = _recomputed(rows)
@@ -181,7 +193,8 @@ def test_oracle_actions_score_one_and_wrong_ones_zero(zoom_data, scripts, tmp_pa
     assert len(rows[0]["turns"][0]["images"]) == 1 and rows[0]["turns"][1]["images"] == []
     assert m["accuracy"] == 0.5
     assert m["summary"] == pytest.approx(
-        {"step_accuracy": 0.4, "turns_mean": 2.5, "return_mean": 0.5, "end/done": 1.0}
+        {"success": 0.5, "step_accuracy": 0.4, "turns_mean": 2.5, "return_mean": 0.5, "invalid_frac": 0.4}
+        | {"errors": 0.0, "end/done": 1.0}
         | {f"end/{e}": 0.0 for e in ENDS if e != "done"}
     )
 
@@ -253,6 +266,7 @@ def test_summary_pools_steps_and_keeps_unknown_ends():
     ]  # fmt: skip
     s = episode_summary(rows)
     assert s["step_accuracy"] == 0.25 and s["turns_mean"] == 1.5 and s["return_mean"] == 0.25
+    assert s["success"] == 0.25 and s["errors"] == 1.0 and s["invalid_frac"] == 0.0
     assert [s[f"end/{e}"] for e in (*ENDS, "odd")] == [0.25, 0.25, 0.25, 0.0, 0.0, 0.25]
     no_hits = [
         {"id": "c", "correct": False, "return": 0.0, "end": "done", "turns": [turn | {"target_hit": None}]}
@@ -287,7 +301,7 @@ def test_gui_agent_oracle_episodes_succeed(tmp_path, monkeypatch, capsys):
             SamplingParams(),
             pool=pool,
             env_name="browser_app",
-            max_turns=8,
+            settings=EpisodeConfig(max_turns=8),
             teacher="oracle",
         )
     scripts = {s.id: [step.action for step in row[0].steps] for s, row in zip(samples, trajs)}
@@ -331,7 +345,7 @@ def test_validator_runs_env_episodes(zoom_data, policy, scripts, tmp_path):
     """rollout.env: one greedy episode per held-out record in a pool under DIR/episodes-eval, the metrics of mmrl
     eval's env benchmarks; each evaluation replaces the previous one's files; close() stops the pool."""
     cfg = _config(
-        rollout={"env": "zoom", "max_turns": 5, "env_workers": 1, "max_new_tokens": 16},
+        rollout={"env": "zoom", "episode": {"max_turns": 5, "env_workers": 1}, "max_new_tokens": 16},
         eval={"group_by": "code"},
     )
     samples = load_dataset(zoom_data).samples
@@ -339,6 +353,7 @@ def test_validator_runs_env_episodes(zoom_data, policy, scripts, tmp_path):
     m = v()
     assert m == pytest.approx(
         {"eval/accuracy": 0.5, "eval/step_accuracy": 0.4, "eval/turns_mean": 2.5, "eval/return_mean": 0.5}
+        | {"eval/success": 0.5, "eval/invalid_frac": 0.4, "eval/errors": 0.0}  # WRONG's two invalid actions
         | {f"eval/end/{e}": float(e == "done") for e in ENDS}
         | {f"eval/accuracy/{s.metadata['code']}": float(i < 2) for i, s in enumerate(samples)}
     )
@@ -376,7 +391,9 @@ class _RankOf2:
 def test_validator_shares_records_over_ranks(zoom_data, policy, scripts, tmp_path):
     """Two ranks: each runs its contiguous share in its own pool folder; rank 0's metrics over the gathered rows
     equal one process's, rank 1 returns {}."""
-    cfg = _config(rollout={"env": "zoom", "max_turns": 5, "env_workers": 0, "max_new_tokens": 16})
+    cfg = _config(
+        rollout={"env": "zoom", "episode": {"max_turns": 5, "env_workers": 0}, "max_new_tokens": 16}
+    )
     samples = load_dataset(zoom_data).samples
     second = _validator(cfg, policy, ScriptEngine(policy, scripts), samples, tmp_path, _RankOf2(1))
     assert second() == {}
@@ -399,7 +416,9 @@ def test_validator_equals_mmrl_eval(zoom_data, policy, tmp_path):
     expected = {"eval/accuracy": m["accuracy"]} | {f"eval/{k}": v for k, v in m["summary"].items()}
     samples = load_dataset(zoom_data).samples
     engine = HFEngine(policy)
-    env = _config(rollout={"env": "zoom", "max_turns": 3, "env_workers": 1, "max_new_tokens": 12})
+    env = _config(
+        rollout={"env": "zoom", "episode": {"max_turns": 3, "env_workers": 1}, "max_new_tokens": 12}
+    )
     bench = _config(
         rollout={"max_new_tokens": 12},
         eval={"benchmark": "zoom", "benchmark_data": str(zoom_data), "benchmark_options": {"max_turns": 3}},

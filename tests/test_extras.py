@@ -178,7 +178,7 @@ def test_the_plain_path_runs_without_any_optional_package(tmp_path):
         base + "data: {train: data/train.jsonl}\nrewards: [{name: remote}]\n"
     )
     (tmp_path / "browser.yaml").write_text(
-        base.replace("rollout: {", "rollout: {env: browser_app, max_turns: 2, ") + plain
+        base.replace("rollout: {", "rollout: {env: browser_app, episode: {max_turns: 2}, ") + plain
     )
     (tmp_path / "parquet.yaml").write_text(base + plain.replace("train.jsonl", "train.parquet"))
     r = _run(["-c", PREFLIGHT % (BLOCKED,)], tmp_path, env)

@@ -47,7 +47,7 @@ elif dist.active:  # under torchrun, as the trainer does: DDP sums the gradients
 world = dist.world
 rows = list(range(dist.rank * 8 // world, (dist.rank + 1) * 8 // world))
 adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0, -0.3, 0.6])
-batch = RolloutBatch([p if i in rows else None for i in range(8)], comps, 2, old, ref_lp, None, adv, rows=rows)
+batch = RolloutBatch.one_turn([p] * 8, comps, 2, old, ref_logp=ref_lp, advantages=adv, rows=rows)
 # SGD: the weights then show the gradients themselves (AdamW's first step turns the float noise of gradients that
 # are zero in exact arithmetic, such as the key biases', into +-lr)
 opt = torch.optim.SGD([q for q in pol.model.parameters() if q.requires_grad], lr=0.05)

@@ -217,8 +217,8 @@ def test_micro_batch_accumulation_equals_the_full_mini_batch_gradient(tmp_path, 
         with torch.no_grad():
             old = pol.logprobs([p] * 6, comps)[0] + 0.05  # a policy that moved: ratios != 1, clipping active
             ref_lp = ref.logprobs([p] * 6, comps)[0] - 0.1
-        batch = RolloutBatch(
-            [p] * 6, comps, 3, old, ref_lp, None, torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0])
+        batch = RolloutBatch.one_turn(
+            [p] * 6, comps, 3, old, ref_logp=ref_lp, advantages=torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0])
         )
         # the gradient the optimizer steps with (the update frees gradients after the step)
         params = list(pol.model.parameters())

@@ -144,14 +144,14 @@ def _batch(policy: Policy, media, G: int) -> RolloutBatch:
     prompts = [p for p in encoded for _ in range(G)]
     comps = _completions(policy, len(prompts))
     T = max(len(c) for c in comps)
-    return RolloutBatch(prompts, comps, G, torch.zeros(len(comps), T))
+    return RolloutBatch.one_turn(prompts, comps, G, torch.zeros(len(comps), T))
 
 
 def test_micro_batches_by_token_budget(tiny_family, media):
     policy = Policy.from_pretrained(ModelConfig(path=str(tiny_family("qwen2_5_vl"))))
     batch = _batch(policy, media, G=4)
-    rows = list(range(len(batch.completions)))
-    size = {r: len(batch.prompts[r].input_ids) + len(batch.completions[r]) for r in rows}
+    rows = list(range(len(batch)))
+    size = {r: batch.trajectories[r].length for r in rows}
     for unit in (1, 4):
         for budget in (1, 60, 150, 10_000):
             cfg = from_dict(Config, {"optim": {"micro_batch_tokens": budget}})

@@ -169,10 +169,11 @@ adv = torch.linspace(-1.0, 1.0, 12)
 stats = []
 # first rank 0 holds one group (1 distinct prompt in its micro-batch) and rank 1 the other two (2); then rank 0 holds
 # one row of each group (no repeat: the model encodes them itself) and rank 1 the other 9 rows (8 + 1)
+# (the layouts are forced: each rank's share of a mini-batch is its rows in it, instead of the balanced split)
 for layout in ([[0, 1, 2, 3], list(range(4, 12))], [[0, 4, 8], [1, 2, 3, 5, 6, 7, 9, 10, 11]]):
     rows = list(range(12)) if dist.world == 1 else layout[dist.rank]
-    batch = RolloutBatch([p if i in rows else None for i, p in enumerate(prompts)], comps, 4, old, None, None, adv,
-                         rows=rows)
+    dist.balanced = lambda blocks, costs, own=set(rows): [r for b in blocks for r in b if r in own]
+    batch = RolloutBatch.one_turn(prompts, comps, 4, old, advantages=adv, rows=rows)
     with pol.training():
         stats.append(PolicyUpdate(cfg, pol, opt, sched, 1.0, dist)(batch, step=len(stats) + 1))
 weights = pol.full_state_dict() if mode == "fsdp" else pol.model.state_dict()

@@ -387,7 +387,7 @@ def _episode_run(tmp_path: Path) -> Path:
                 "finish": "stop",
                 "reward": 1.0,
                 "parts": {"env_return": 1.0},
-                "episode": {"end": "done", "return": 1.0, "turns_count": 4},
+                "episode": {"end": "done", "return": 1.0},
                 "turns": [
                     _turn(
                         "{'action': 'click', 'coordinate': [100, 80]}",
@@ -417,7 +417,7 @@ def _episode_run(tmp_path: Path) -> Path:
                 "finish": "stop",
                 "reward": 0.0,
                 "parts": {},
-                "episode": {"end": "error", "return": 0.0, "turns_count": 1, "error": "worker died <b>x</b>"},
+                "episode": {"end": "error", "return": 0.0, "error": "worker died <b>x</b>"},
                 "turns": [_turn("{'action': 'scroll', 'direction': 'down'}", [], {"action": "scroll"})],
             },
         ],
@@ -439,7 +439,7 @@ def _episode_run(tmp_path: Path) -> Path:
                 "finish": "stop",
                 "reward": 1.0,
                 "parts": {},
-                "episode": {"end": "done", "return": 1.0, "turns_count": 3},
+                "episode": {"end": "done", "return": 1.0},
                 "turns": [
                     _turn(
                         "zoom(500, 400, 800, 600)",
@@ -459,7 +459,7 @@ def _episode_run(tmp_path: Path) -> Path:
                 "finish": "stop",
                 "reward": 0.0,
                 "parts": {},
-                "episode": {"end": "max_turns", "return": 0.0, "turns_count": 1},
+                "episode": {"end": "max_turns", "return": 0.0},
                 "turns": [
                     _turn(
                         "zoom(0, 0, 300, 300)",

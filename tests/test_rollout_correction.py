@@ -140,7 +140,7 @@ def test_update_multiplies_the_token_losses():
     adv = torch.tensor([1.0, -0.5, 0.3, -1.2])
     out = []
     for w in (None, torch.full((4, 3), 4.0), torch.zeros(4, 3)):
-        batch = RolloutBatch([p] * 4, comps, 2, old.clone(), advantages=adv, rollout_weights=w)
+        batch = RolloutBatch.one_turn([p] * 4, comps, 2, old.clone(), advantages=adv, rollout_weights=w)
         opt.zero_grad = lambda set_to_none=True: None  # keep the gradients for the comparison
         for q in pol.model.parameters():
             q.grad = None

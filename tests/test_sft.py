@@ -58,7 +58,7 @@ def test_multi_turn_sft_learns_the_oracles_episodes(tmp_path):
     eyesight."""
     import torch
 
-    from mmrl.config import ModelConfig
+    from mmrl.config import EpisodeConfig, ModelConfig
     from mmrl.data import load_dataset
     from mmrl.envs import EnvPool
     from mmrl.envs.zoom import parse_action
@@ -81,8 +81,10 @@ def test_multi_turn_sft_learns_the_oracles_episodes(tmp_path):
     cfg = tmp_path / "sft.yaml"
     cfg.write_text(
         f"model: {{path: {TINY}, min_pixels: 3136, max_pixels: 3136}}\ndata: {{train: data/train.jsonl}}\n"
-        "rollout: {env: zoom, env_options: {max_calls: 3}, max_turns: 2, env_workers: 1, max_new_tokens: 96}\n"
-        "sft: {lr: 0.003, steps: 150, batch_size: 4}\n"
+        "rollout: {env: zoom, episode: {env_options: {max_calls: 3}, max_turns: 2, env_workers: 1}, max_new_tokens: 96}\n"
+        # lr: the greedy episodes of a 150-step tiny warm start are sensitive to float noise (the padded and packed
+        # layouts of the update round differently); 0.002-0.004 pass with both, 0.003 failed one record in one
+        "sft: {lr: 0.002, steps: 150, batch_size: 4}\n"
     )
     out = tmp_path / "out"
     assert main(["sft", str(cfg), "--output-dir", str(out)]) == 0
@@ -101,7 +103,7 @@ def test_multi_turn_sft_learns_the_oracles_episodes(tmp_path):
     with EnvPool(tmp_path / "greedy", workers=0) as pool:
         trajs = run_episodes(
             pol, HFEngine(pol), samples, SamplingParams(n=1, temperature=0.0, max_new_tokens=96), pool=pool,
-            env_name="zoom", env_options={"max_calls": 3}, max_turns=2,
+            env_name="zoom", settings=EpisodeConfig(max_turns=2, env_options={"max_calls": 3}),
         )  # fmt: skip
     for (t,) in trajs:
         first = t.steps[0]

@@ -9,7 +9,7 @@ import episode_envs  # noqa: F401  (registers test_pictures)
 import pytest
 import torch
 
-from mmrl.config import ModelConfig
+from mmrl.config import EpisodeConfig, ModelConfig
 from mmrl.data import load_dataset
 from mmrl.envs import EnvPool
 from mmrl.envs.zoom import parse_action
@@ -38,7 +38,7 @@ def test_teacher_forced_zoom_episodes_follow_the_oracle(tmp_path):
     with EnvPool(tmp_path / "episodes", workers=1, timeout_s=30) as pool:
         trajs = run_episodes(
             pol, None, samples, SamplingParams(n=2, max_new_tokens=64), pool=pool, env_name="zoom",
-            env_options={"max_calls": 2}, max_turns=4, teacher="oracle",
+            settings=EpisodeConfig(max_turns=4, env_options={"max_calls": 2}), teacher="oracle",
         )  # fmt: skip
         assert pool.live == []
     flat = [t for row in trajs for t in row]
@@ -78,7 +78,7 @@ def test_the_think_prefix_is_not_written_twice_and_an_oracle_that_gives_up_ends_
     with EnvPool(tmp_path / "episodes", workers=0) as pool:
         go, stuck = run_episodes(
             pol, None, samples, SamplingParams(n=1, max_new_tokens=16), pool=pool, env_name="test_pictures",
-            env_options={"steps": 2}, max_turns=4, teacher="oracle",
+            settings=EpisodeConfig(max_turns=4, env_options={"steps": 2}), teacher="oracle",
         )  # fmt: skip
         assert pool.live == []
     (go,), (stuck,) = go, stuck

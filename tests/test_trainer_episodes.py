@@ -25,8 +25,8 @@ def _recipe(tmp_path: Path, *, advantage: str = "gigpo", extra: str = "", more: 
         f"""
 model: {{path: {TINY}, min_pixels: 3136, max_pixels: 3136}}
 data: {{train: data/train.jsonl}}
-rollout: {{n: 4, max_new_tokens: 5, batch_size: 8, env: '{ENV}', env_options: {{steps: 3}}, max_turns: 3,
-  env_workers: 1{extra}}}
+rollout: {{n: 4, max_new_tokens: 5, batch_size: 8, env: '{ENV}',
+  episode: {{env_options: {{steps: 3}}, max_turns: 3, env_workers: 1{extra}}}}}
 algo: {{epochs: 1, mini_batches: 1, advantage: {advantage}, old_logprobs: recompute}}
 optim: {{lr: 0.001, micro_batch_size: 3}}
 train: {{prompts_per_step: 2, progress: false, seed: 3}}
@@ -55,9 +55,9 @@ def test_episode_training_step(tmp_path):
     for row in logged:
         for resp in row["responses"]:
             turns = resp["turns"]
-            assert [t["info"]["target_hit"] for t in turns] == [t["reward"] == 1.0 for t in turns]
+            assert [t["target_hit"] for t in turns] == [t["reward"] == 1.0 for t in turns]
             assert resp["reward"] == pytest.approx(sum(t["reward"] for t in turns))
-            assert resp["episode"]["end"] == "done" and resp["episode"]["turns_count"] == 3
+            assert resp["episode"]["end"] == "done" and len(resp["turns"]) == 3
             assert [len(t["images"]) for t in turns] == [1, 1, 0]  # the screens after turns 1 and 2
             for t in turns:
                 for img in t["images"]:
@@ -103,16 +103,19 @@ def test_episode_batch_masks_env_tokens(tmp_path, monkeypatch):
 def test_env_preflight_names_the_field(tmp_path):
     from mmrl.train.checks import check_config
 
-    cfg = load_config(str(_recipe(tmp_path, extra=", image_rule: shrink")))
-    with pytest.raises(ConfigError, match="rollout.image_rule"):
+    with pytest.raises(ConfigError, match="rollout.episode.image_rule"):
+        load_config(str(_recipe(tmp_path, extra=", image_rule: shrink")))
+    cfg = load_config(str(_recipe(tmp_path)))
+    cfg.rollout.episode.env_options = {"stepz": 2}
+    with pytest.raises(ConfigError, match="rollout.episode.env_options: env .* unknown option 'stepz'"):
         check_config(cfg)
     cfg = load_config(str(_recipe(tmp_path)))
-    cfg.rollout.env_options = {"stepz": 2}
-    with pytest.raises(ConfigError, match="rollout.env"):
+    cfg.rollout.episode.max_turns = 0
+    with pytest.raises(ConfigError, match="rollout.episode.max_turns must be at least 1"):
         check_config(cfg)
     cfg = load_config(str(_recipe(tmp_path, more="rewards: [{name: exact_match}]")))
-    cfg.rollout.env, cfg.rollout.env_options = None, {}
-    with pytest.raises(ConfigError, match="max_turns"):
+    cfg.rollout.env = None
+    with pytest.raises(ConfigError, match="rollout.episode is set without rollout.env"):
         check_config(cfg)
 
 
@@ -120,9 +123,9 @@ def test_preflight_refuses_downscaled_screens_for_an_env_that_points_on_them(tmp
     from mmrl.train.checks import check_config
 
     cfg = load_config(str(_recipe(tmp_path)))
-    cfg.rollout.env, cfg.rollout.env_options = "browser_app", {}
-    cfg.rollout.max_context_pixels = 40_000
+    cfg.rollout.env, cfg.rollout.episode.env_options = "browser_app", {}
+    cfg.rollout.episode.max_context_pixels = 40_000
     with pytest.raises(ConfigError, match="image_rule: end"):
         check_config(cfg)
-    cfg.rollout.image_rule = "end"
+    cfg.rollout.episode.image_rule = "end"
     check_config(cfg)

@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.config import ModelConfig
+from mmrl.config import EpisodeConfig, ModelConfig
 from mmrl.envs import EnvPool
 from mmrl.model.policy import Policy
 from mmrl.rollout import ENGINES, SamplingParams
@@ -59,7 +59,7 @@ def test_vllm_episode_logprobs_equal_the_training_forward(family, tiny_family, t
         with EnvPool(tmp_path / "envs", workers=0) as pool:
             trajs = run_episodes(
                 pol, engine, samples, SamplingParams(n=2, temperature=1.0, max_new_tokens=6),
-                pool=pool, env_name="test_pictures", env_options=options, max_turns=3,
+                pool=pool, env_name="test_pictures", settings=EpisodeConfig(max_turns=3, env_options=options),
             )  # fmt: skip
     finally:
         engine.close()

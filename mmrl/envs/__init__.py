@@ -11,6 +11,7 @@ from mmrl.envs.base import (
     get_env,
     register_env,
     validate_env_options,
+    validate_episode_settings,
 )
 from mmrl.envs.pool import EnvPool
 
@@ -24,4 +25,5 @@ __all__ = [
     "get_env",
     "register_env",
     "validate_env_options",
+    "validate_episode_settings",
 ]

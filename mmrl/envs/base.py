@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from mmrl.config import EpisodeConfig
 from mmrl.registry import Builtin, Registry, validate_kwargs
 from mmrl.types import Sample
 
@@ -197,6 +198,36 @@ def validate_env_options(name: str, options: Mapping[str, Any] | None) -> dict[s
     validate_kwargs(cls, options, f"env {name!r}", skip=("workdir",))
     cls.check_options(options)
     return options
+
+
+def validate_episode_settings(name: str, settings: EpisodeConfig, max_new_tokens: int | None = None) -> None:
+    """Check episodes of env ``name`` run as ``settings`` say, before anything runs (training's pre-flight, an env
+    benchmark's options): the limits, the env's options (:func:`validate_env_options`), and an image budget the env
+    can live with. ``max_new_tokens``: one turn's longest completion, which ``max_total_tokens`` must leave room
+    for. Raises ValueError whose message starts with the setting's name (KeyError for an unknown env)."""
+    s = settings
+    if s.max_turns < 1:
+        raise ValueError(f"max_turns must be at least 1, got {s.max_turns}")
+    if s.env_workers < 0 or not s.env_timeout_s > 0:
+        raise ValueError(
+            f"env_workers must be >= 0 and env_timeout_s > 0; got {s.env_workers}, {s.env_timeout_s}"
+        )
+    if max_new_tokens is not None and s.max_total_tokens is not None and s.max_total_tokens <= max_new_tokens:
+        raise ValueError(
+            f"max_total_tokens ({s.max_total_tokens}) leaves no room for a prompt and one turn of max_new_tokens "
+            f"({max_new_tokens}); raise it or leave it unset"
+        )
+    cls = get_env(name)  # an unknown env: KeyError naming the nearest
+    try:
+        validate_env_options(name, s.env_options)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"env_options: {e.args[0] if e.args else e}") from None
+    if cls.points_on_latest_image and s.image_rule == "downscale" and s.max_context_pixels is not None:
+        raise ValueError(
+            f"image_rule: env {name!r} maps the model's points on each new screen with the first screen's model "
+            "size, so a downscaled later screen would be clicked in the wrong place; use image_rule: end (the "
+            "episode ends when the next screen does not fit max_context_pixels)"
+        )
 
 
 def env_ref(cls: EnvClass) -> tuple[str, str, str]:

@@ -59,6 +59,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
+from mmrl.config import EpisodeConfig
 from mmrl.envs.base import (
     Env,
     Observation,
@@ -327,6 +328,11 @@ class EnvPool:
         self._counts: Counter[str] = Counter()
         self._closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._procs)
+
+    @classmethod
+    def for_episodes(cls, root: str | Path, settings: EpisodeConfig) -> EnvPool:
+        """The pool that runs episodes as ``settings`` say (its ``env_workers`` and ``env_timeout_s``)."""
+        return cls(root, workers=settings.env_workers, timeout_s=settings.env_timeout_s)
 
     # -- public ------------------------------------------------------------------------------------------------
 

@@ -9,8 +9,8 @@ afterwards. Everything else is the runner's as for any benchmark (``predictions.
 it), each checked and turned into a sample by :func:`mmrl.data.validate_record` as training does, so the model sees
 the prompt it was trained on.
 
-Options (``key=value`` on the command line) are the episode settings of training's ``rollout`` config, under the
-same names: ``max_turns``, ``env_options`` (the env's own, checked against its signature; YAML:
+Options (``key=value`` on the command line) are the episode settings (:class:`mmrl.config.EpisodeConfig`, training's
+``rollout.episode``), under the same names: ``max_turns``, ``env_options`` (the env's own, checked against its signature; YAML:
 ``env_options={max_calls: 2}``), ``max_total_tokens``, ``max_images``, ``max_context_pixels``, ``image_rule``,
 ``observation_role``, ``env_workers`` and ``env_timeout_s``. ``env_workers`` changes no prediction, so a resumed run
 may change it; the others are part of what ``run.json`` pins.
@@ -39,13 +39,11 @@ the same rows and metrics with :func:`episode_row` and :func:`episode_summary`.
 
 from __future__ import annotations
 
-import dataclasses
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from mmrl.config import ModelConfig, opt
+from mmrl.config import EpisodeConfig, ModelConfig, opt
 from mmrl.eval.base import Benchmark, EvalError, EvalItem, Loaded, Score
 from mmrl.eval.loading import data_files, read_records
 
@@ -55,103 +53,26 @@ if TYPE_CHECKING:
     from mmrl.model.prompt import EncodedPrompt
     from mmrl.rollout.base import SamplingParams
     from mmrl.rollout.episodes import Trajectory
-    from mmrl.types import Sample
 
-ENDS = ("done", "error", "max_turns", "max_tokens", "image_budget")  # how an env episode ends
 EPISODE_KEYS = ("correct", "return", "end", "error", "turns")  # a row's per-episode keys
 
 
 @dataclass
-class EpisodeOptions:
+class EpisodeOptions(EpisodeConfig):
+    """An env benchmark's options: the episode settings (:class:`mmrl.config.EpisodeConfig`, training's
+    ``rollout.episode``), with room for an answer after several steps."""
+
     max_turns: int = opt("completions per episode at most (the env may end it sooner)", 8)
-    env_options: dict[str, Any] = opt("the env's own options, e.g. env_options={max_calls: 2}", factory=dict)
-    max_total_tokens: int | None = opt(
-        "an episode's prompt + response tokens at most: a turn that could pass it does not start", None
-    )
-    max_images: int | None = opt("images in an episode's context at most (the prompt's included)", None)
-    max_context_pixels: int | None = opt(
-        "model-input pixels of all images in an episode's context at most (the prompt's included)", None
-    )
-    image_rule: Literal["downscale", "end"] = opt(
-        "over the image budget: 'downscale' an observation's new images to fit, or 'end' the episode",
-        "downscale",
-    )
-    observation_role: Literal["user", "tool"] = opt("the chat role of observation turns", "user")
-    env_workers: int = opt("env worker processes (0: in this process, for debugging)", 2)
-    env_timeout_s: float = opt("deadline of one env reset or step (the episode ends with an error)", 60.0)
-
-
-def options_of(rollout: Any) -> EpisodeOptions:
-    """The episode settings of a :class:`mmrl.config.RolloutConfig` (the same names)."""
-    return EpisodeOptions(**{f.name: getattr(rollout, f.name) for f in dataclasses.fields(EpisodeOptions)})
-
-
-def episode_pool(root: Path, opts: EpisodeOptions) -> EnvPool:
-    from mmrl.envs import EnvPool
-
-    return EnvPool(root, workers=opts.env_workers, timeout_s=opts.env_timeout_s)
-
-
-def run_held_out(
-    policy: Policy,
-    engine: Any,
-    samples: list[Sample],
-    params: SamplingParams,
-    pool: EnvPool,
-    env: str,
-    opts: EpisodeOptions,
-    prompts: list[EncodedPrompt] | None = None,
-) -> list[list[Trajectory]]:
-    """``params.n`` episodes of env ``env`` per sample, ``[B][n]``, with the limits of ``opts``."""
-    from mmrl.rollout.episodes import ImageBudget, run_episodes
-
-    return run_episodes(
-        policy,
-        engine,
-        samples,
-        params,
-        pool=pool,
-        env_name=env,
-        env_options=opts.env_options,
-        max_turns=opts.max_turns,
-        max_total_tokens=opts.max_total_tokens,
-        images=ImageBudget(opts.max_images, opts.max_context_pixels, opts.image_rule),
-        role=opts.observation_role,
-        prompts=prompts,
-    )
 
 
 # ---------------------------------------------------------------------------------------------- rows and metrics
-
-
-def _relative(path: str, out: Path | None) -> str:
-    if out is None:
-        return str(path)
-    try:
-        return str(Path(path).resolve().relative_to(out.resolve()))
-    except ValueError:
-        return str(path)
-
-
-def episode_record(t: Trajectory, out: Path | None = None) -> dict[str, Any]:
-    """One episode as plain data (the module docstring's row keys); image paths relative to ``out`` if given."""
-    turns = []
-    for s in t.steps:
-        info = dict(s.info)
-        hit = info.pop("target_hit", None)
-        turns.append(
-            {"action": s.action, "reward": s.reward, "target_hit": None if hit is None else bool(hit),
-             "finish_reason": s.finish_reason, "images": [_relative(p, out) for p in s.images], "info": info}
-        )  # fmt: skip
-    ret = t.episode_return
-    return {"correct": t.success, "return": ret, "end": t.end, "error": t.error, "turns": turns}
 
 
 def episode_row(
     item_id: str, trajectories: list[Trajectory], fields: dict[str, Any], out: Path | None = None
 ) -> dict[str, Any]:
     """The ``predictions.jsonl`` row of an item's episodes: per-episode keys hold a value, or a list with several."""
-    recs = [episode_record(t, out) for t in trajectories]
+    recs = [t.to_record(out) for t in trajectories]
     many = len(recs) > 1
     row: dict[str, Any] = {"id": item_id}
     for key in EPISODE_KEYS:
@@ -165,27 +86,20 @@ def episode_row(
 
 
 def row_episodes(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """A row's episodes, each with the per-episode keys but ``error``."""
-    keys = [k for k in EPISODE_KEYS if k != "error"]
-    if not isinstance(row["correct"], list):
-        return [{k: row[k] for k in keys}]
-    return [dict(zip(keys, values)) for values in zip(*(row[k] for k in keys))]
+    """A row's episodes, each with the per-episode keys (``error`` None where the row has none)."""
+    many = isinstance(row["correct"], list)
+    n = len(row["correct"]) if many else 1
+    columns = {k: row.get(k, [None] * n if many else None) for k in EPISODE_KEYS}
+    if not many:
+        return [columns]
+    return [dict(zip(EPISODE_KEYS, values)) for values in zip(*columns.values())]
 
 
 def episode_summary(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """``step_accuracy`` (when some step reports ``target_hit``), ``turns_mean``, ``return_mean`` and
-    ``end/<how>`` over every episode of ``rows`` (module docstring)."""
-    episodes = [e for row in rows for e in row_episodes(row)]
-    if not episodes:
-        return {}
-    hits = [float(t["target_hit"]) for e in episodes for t in e["turns"] if t.get("target_hit") is not None]
-    out = {"step_accuracy": sum(hits) / len(hits)} if hits else {}
-    out["turns_mean"] = sum(len(e["turns"]) for e in episodes) / len(episodes)
-    out["return_mean"] = sum(float(e["return"]) for e in episodes) / len(episodes)
-    ends = Counter(str(e["end"]) for e in episodes)
-    for how in [*ENDS, *sorted(set(ends) - set(ENDS))]:
-        out[f"end/{how}"] = ends[how] / len(episodes)
-    return out
+    """:func:`mmrl.rollout.episodes.episode_stats` over every episode of ``rows`` (the module docstring)."""
+    from mmrl.rollout.episodes import episode_stats
+
+    return episode_stats([e for row in rows for e in row_episodes(row)])
 
 
 # ---------------------------------------------------------------------------------------------- the benchmark kind
@@ -201,20 +115,12 @@ class EnvBenchmark(Benchmark):
 
     def __init__(self, options: dict[str, Any] | None = None, model: ModelConfig | None = None):
         super().__init__(options, model)
-        o = self.opts
-        for key, ok, need in (
-            ("max_turns", o.max_turns >= 1, "at least 1"),
-            ("env_workers", o.env_workers >= 0, "at least 0"),
-            ("env_timeout_s", o.env_timeout_s > 0, "positive"),
-        ):
-            if not ok:
-                raise EvalError(f"{self.name} option {key} must be {need}, got {getattr(o, key)!r}")
-        from mmrl.envs import validate_env_options
+        from mmrl.envs import validate_episode_settings
 
         try:
-            validate_env_options(self.env, o.env_options)
+            validate_episode_settings(self.env, self.opts)
         except (ValueError, KeyError) as e:
-            raise EvalError(f"{self.name} option env_options: {e.args[0]}") from None
+            raise EvalError(f"{self.name} option {e.args[0]}") from None
 
     def load(self, path: Path) -> Loaded:
         from mmrl.data import DataError, validate_record
@@ -258,7 +164,10 @@ class EnvBenchmark(Benchmark):
         out: Path,
     ) -> list[dict[str, Any]]:
         """The rows of ``items``: ``params.n`` episodes each, run in ``pool``; image paths relative to ``out``."""
-        trajs = run_held_out(
-            policy, engine, [it.sample for it in items], params, pool, self.env, self.opts, prompts
+        from mmrl.rollout.episodes import run_episodes
+
+        samples = [it.sample for it in items]
+        trajs = run_episodes(
+            policy, engine, samples, params, pool=pool, env_name=self.env, settings=self.opts, prompts=prompts
         )
         return [episode_row(it.id, g, it.fields, out) for it, g in zip(items, trajs)]

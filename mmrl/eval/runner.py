@@ -32,7 +32,7 @@ import yaml
 
 from mmrl.config import ConfigError, ModelConfig, from_dict, opt, to_dict
 from mmrl.eval.base import Benchmark, EvalError, EvalItem, get_benchmark
-from mmrl.eval.episodic import EnvBenchmark, episode_pool
+from mmrl.eval.episodic import EnvBenchmark
 from mmrl.eval.loading import sha256_files
 from mmrl.eval.report import write_outputs
 from mmrl.eval.scoring import aggregate, read_predictions, score_rows
@@ -336,7 +336,9 @@ def _responder(
     the responses; an env benchmark runs ``params.n`` episodes per item in an env pool under ``out/episodes``,
     closed on the way out."""
     if isinstance(bench, EnvBenchmark):
-        with episode_pool(out / "episodes", bench.opts) as pool:
+        from mmrl.envs import EnvPool
+
+        with EnvPool.for_episodes(out / "episodes", bench.opts) as pool:
             yield lambda items, prompts: bench.respond(policy, engine, items, prompts, params, pool, out)
         return
 

@@ -10,7 +10,7 @@ import torch
 
 from mmrl.model import encoders, linear_attention
 from mmrl.model.attention import PACKED
-from mmrl.model.prompt import padded
+from mmrl.model.prompt import padded, seq_keys
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -33,11 +33,19 @@ class Policy(Protocol):
     def autocast(self) -> AbstractContextManager: ...
     def matched_tower_calls(self, mm: dict[str, Any]) -> AbstractContextManager: ...
     def is_suppressed(self, tokens: torch.Tensor) -> torch.Tensor: ...
+    def sampled_suppressed(
+        self, tokens: torch.Tensor, sampled: list[list[int]] | None, row: int
+    ) -> torch.Tensor: ...
     def last_hidden(self, **inputs: Any) -> torch.Tensor: ...
 
 
 def packed_hidden(
-    pol: Policy, prompts: list[EncodedPrompt], completions: list[list[int]]
+    pol: Policy,
+    prompts: list[EncodedPrompt],
+    completions: list[list[int]],
+    *,
+    sampled: list[list[int]] | None = None,
+    completion_seq: list[dict[str, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:meth:`mmrl.model.policy.Policy.completion_hidden` of the sequences packed end to end into one row: no padding
     token is computed.
@@ -48,24 +56,26 @@ def packed_hidden(
     from). The cumulative lengths go alongside: ``mmrl_sdpa`` and flash-attention's varlen kernels attend each
     sequence alone with them (:mod:`mmrl.model.attention`), and no ``[N, N]`` mask is built while :data:`PACKED` is set. The media tensors are concatenated in row order as
     in a padded batch, and the hidden states are gathered back into the ``[B, T, H]`` layout of the padded path
-    (the head runs only where the mask is 1)."""
+    (the head runs only where the mask is 1). ``sampled``, ``completion_seq``: as
+    :meth:`mmrl.model.policy.Policy.collate` (a multi-turn response: the environment's tokens and their images)."""
     dev = pol.device
-    seq_keys = sorted({k for p in prompts for k in p.seq})
+    tails = completion_seq or [{}] * len(prompts)
+    keys = seq_keys(prompts, tails)
     rows, text_pos, mrope, starts = [], [], [], []
-    seq: dict[str, list[torch.Tensor]] = {k: [] for k in seq_keys}
+    seq: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
     n = 0
-    for p, c in zip(prompts, completions):
+    for i, (p, c) in enumerate(zip(prompts, completions)):
         ct = torch.as_tensor(c, dtype=torch.long)
-        row = torch.cat([p.input_ids, ct.masked_fill(pol.is_suppressed(ct), pol.pad_id)])
+        row = torch.cat([p.input_ids, ct.masked_fill(pol.sampled_suppressed(ct, sampled, i), pol.pad_id)])
         P, L = len(p.input_ids), len(row)
         rows.append(row)
         starts.append(n + P - 1)  # position n + P - 1 + t predicts completion token t
         n += L
         text_pos.append(torch.arange(L))
-        for k in seq_keys:
-            dtype = next(q.seq[k].dtype for q in prompts if k in q.seq)
+        for k, dtype in keys.items():
             own = p.seq.get(k, torch.zeros(P, dtype=dtype))
-            seq[k].append(torch.cat([own.to(dtype), torch.zeros(len(c), dtype=dtype)]))
+            tail = tails[i].get(k, torch.zeros(len(c), dtype=dtype))
+            seq[k].append(torch.cat([own.to(dtype), tail.to(dtype)]))
         mrope.append(encoders.rope_positions(pol.model, row, p.mm, {k: v[-1] for k, v in seq.items()}))
     positions = torch.cat(text_pos)[None]  # [1, N]
     if mrope[0] is not None:  # [1 + k, 1, N]: text positions first, then the model's k rope axes

@@ -64,7 +64,7 @@ from mmrl.config import ModelConfig
 from mmrl.model.checkpoint_files import resolve_model_path
 from mmrl.model.logprobs import selective_logprobs
 from mmrl.model.lora import add_lora, lora_layers, lora_owner, merge_lora
-from mmrl.model.prompt import EncodedPrompt, opened_think, padded
+from mmrl.model.prompt import EncodedPrompt, opened_think, padded, seq_keys
 from mmrl.types import Sample
 
 if TYPE_CHECKING:
@@ -438,10 +438,18 @@ class Policy:
 
     # ---------------------------------------------------------------- batching
     def collate(
-        self, prompts: list[EncodedPrompt], completions: list[list[int]] | None = None
+        self,
+        prompts: list[EncodedPrompt],
+        completions: list[list[int]] | None = None,
+        *,
+        sampled: list[list[int]] | None = None,
+        completion_seq: list[dict[str, torch.Tensor]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], int]:
         """Left-pad prompts to P, right-pad completions to T. Returns ``input_ids, attention_mask [B, P+T]``,
-        the concatenated ``mm`` dict and P."""
+        the concatenated ``mm`` dict and P. A completion's suppressed tokens (vision placeholders) become padding
+        where it was sampled (``sampled``: 1 per sampled token; default all), and stay where an environment wrote
+        them (an observation's images); ``completion_seq``: each completion's per-token tensors (zeros where
+        absent), as ``prompt.seq`` is the prompt's."""
         P = max(len(p.input_ids) for p in prompts)
         T = max((len(c) for c in completions), default=0) if completions is not None else 0
         B = len(prompts)
@@ -453,14 +461,17 @@ class Policy:
             mask[i, P - L : P] = 1
             if completions is not None and completions[i]:
                 c = torch.as_tensor(completions[i], dtype=torch.long)
-                ids[i, P : P + len(c)] = c.masked_fill(self.is_suppressed(c), self.pad_id)
+                ids[i, P : P + len(c)] = c.masked_fill(self.sampled_suppressed(c, sampled, i), self.pad_id)
                 mask[i, P : P + len(c)] = 1
         mm: dict[str, torch.Tensor] = {}
-        for key in sorted({k for p in prompts for k in p.seq}):
-            t = torch.zeros((B, P + T), dtype=next(p.seq[key].dtype for p in prompts if key in p.seq))
+        tails = completion_seq or [{}] * B
+        for key, dtype in seq_keys(prompts, tails).items():
+            t = torch.zeros((B, P + T), dtype=dtype)
             for i, p in enumerate(prompts):
                 if key in p.seq:
                     t[i, P - len(p.input_ids) : P] = p.seq[key]
+                if key in tails[i]:
+                    t[i, P : P + len(tails[i][key])] = tails[i][key]
             mm[key] = t.to(self.device)
         for key in sorted({k for p in prompts for k in p.mm}):
             parts = padded(
@@ -471,6 +482,16 @@ class Policy:
                 mm[key] = mm[key].to(self.model.dtype)
         return ids.to(self.device), mask.to(self.device), mm, P
 
+    def sampled_suppressed(
+        self, tokens: torch.Tensor, sampled: list[list[int]] | None, row: int
+    ) -> torch.Tensor:
+        """Which of completion ``row``'s ``tokens`` are suppressed ids the policy sampled (blanked before scoring;
+        an environment's own vision placeholders are kept)."""
+        hit = self.is_suppressed(tokens)
+        if sampled is not None:
+            hit &= torch.as_tensor(sampled[row], dtype=torch.bool)
+        return hit
+
     def is_suppressed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self._suppress_host[tokens.clamp(0, len(self._suppress_host) - 1)] & (
             tokens < len(self._suppress_host)
@@ -478,16 +499,23 @@ class Policy:
 
     # ---------------------------------------------------------------- scoring
     def completion_hidden(
-        self, prompts: list[EncodedPrompt], completions: list[list[int]], packed: bool | None = None
+        self,
+        prompts: list[EncodedPrompt],
+        completions: list[list[int]],
+        packed: bool | None = None,
+        *,
+        sampled: list[list[int]] | None = None,
+        completion_seq: list[dict[str, torch.Tensor]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Final hidden states at the positions predicting each completion token ``[B, T, H]``, the tokens
         ``[B, T]`` and the mask ``[B, T]`` (1 on real completion tokens). ``packed`` (default: :attr:`packs`):
-        one forward over the sequences packed into one row without padding (:func:`mmrl.model.packing.packed_hidden`)."""
+        one forward over the sequences packed into one row without padding (:func:`mmrl.model.packing.packed_hidden`);
+        ``sampled``, ``completion_seq``: see :meth:`collate`."""
         if self.packs if packed is None else packed:
             from mmrl.model.packing import packed_hidden
 
-            return packed_hidden(self, prompts, completions)
-        ids, attn, mm, P = self.collate(prompts, completions)
+            return packed_hidden(self, prompts, completions, sampled=sampled, completion_seq=completion_seq)
+        ids, attn, mm, P = self.collate(prompts, completions, sampled=sampled, completion_seq=completion_seq)
         T = ids.shape[1] - P
         target = torch.full((len(prompts), T), self.pad_id, dtype=torch.long)
         for i, c in enumerate(completions):
@@ -590,6 +618,8 @@ class Policy:
         prompts: list[EncodedPrompt],
         completions: list[list[int]],
         *,
+        sampled: list[list[int]] | None = None,
+        completion_seq: list[dict[str, torch.Tensor]] | None = None,
         temperature: float = 1.0,
         with_entropy: bool = True,
         entropy_grad: bool = False,
@@ -597,21 +627,36 @@ class Policy:
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Per-token log-probs (and full-vocabulary entropies) of ``completions`` given ``prompts``, in fp32.
 
-        Returns ``logp [B, T]``, ``entropy [B, T]`` (or None), ``mask [B, T]`` (1 on real completion tokens).
-        Gradients flow through ``logp`` unless called under ``torch.no_grad()``. The head scores the real
-        completion tokens only (0 elsewhere). ``packed``: see :meth:`completion_hidden`. Vision placeholders are
-        outside the policy's support: a completion holding one is an engine bug and is refused.
+        Returns ``logp [B, T]``, ``entropy [B, T]`` (or None), ``mask [B, T]`` (1 on the scored tokens). The head
+        scores the tokens the policy sampled (``sampled``: 1 per sampled token; default every completion token)
+        and nothing else: 0 on an environment's tokens inside a multi-turn response and on padding. Gradients flow
+        through ``logp`` unless called under ``torch.no_grad()``. ``packed``: see :meth:`completion_hidden`;
+        ``completion_seq``: see :meth:`collate`. Vision placeholders are outside the policy's support: a sampled
+        token holding one is an engine bug and is refused.
         """
-        for c in completions:
-            self.refuse_placeholders(c, "a completion")
+        for i, c in enumerate(completions):
+            picked = c if sampled is None else [tok for tok, m in zip(c, sampled[i]) if m]
+            self.refuse_placeholders(picked, "a completion")
+        T = max((len(c) for c in completions), default=0)
+        # the scored tokens' flat positions, from host-side lists (no data-dependent shape on the device)
+        flat = [
+            i * T + t
+            for i, c in enumerate(completions)
+            for t in range(len(c))
+            if sampled is None or sampled[i][t]
+        ]
+        if not flat:  # nothing sampled (an episode the env ended at reset): nothing to score
+            none = torch.zeros((len(completions), T), device=self.device)
+            return none, (none.clone() if with_entropy else None), none.clone()
 
         def score() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-            hidden, target, mask = self.completion_hidden(prompts, completions, packed)
-            B, T = mask.shape
-            # the real tokens' flat positions, from the host-side lengths (no data-dependent shape on the device)
-            keep = torch.tensor(
-                [i * T + t for i, c in enumerate(completions) for t in range(len(c))], device=mask.device
+            hidden, target, mask = self.completion_hidden(
+                prompts, completions, packed, sampled=sampled, completion_seq=completion_seq
             )
+            B = mask.shape[0]
+            keep = torch.tensor(flat, device=mask.device)
+            if sampled is not None:
+                mask = torch.zeros(B * T, device=mask.device).index_fill_(0, keep, 1.0).view(B, T)
             logp, entropy = self.score_tokens(
                 hidden.reshape(B * T, -1)[keep],
                 target.reshape(B * T)[keep],

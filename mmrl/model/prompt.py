@@ -62,3 +62,13 @@ def padded(parts: list[torch.Tensor], fill: int = 0) -> list[torch.Tensor]:
         pad[tuple(slice(0, n) for n in t.shape)] = t
         out.append(pad)
     return out
+
+
+def seq_keys(prompts: list[EncodedPrompt], tails: list[dict[str, torch.Tensor]]) -> dict[str, torch.dtype]:
+    """The per-token tensors of a batch of rows (``prompt.seq`` and each completion's ``tails``), name -> dtype,
+    sorted by name: the first row that has one gives its dtype."""
+    found: dict[str, torch.dtype] = {}
+    for part in [p.seq for p in prompts] + list(tails):
+        for k, v in part.items():
+            found.setdefault(k, v.dtype)
+    return dict(sorted(found.items()))

@@ -282,25 +282,25 @@ def sequence(cfg: Config, shapes: ModelShapes, opts: PlanOptions) -> Sequence:
         per_image, image_patches = shapes.tokens_per_image, shapes.patches_per_image
     frames = max(1, math.ceil(m.video_max_frames / shapes.temporal_patch))
     per_video = frames * (m.video_max_pixels // shapes.pixels_per_token)
-    r = cfg.rollout
+    r, ep = cfg.rollout, cfg.rollout.episode
     response = r.max_new_tokens
     visual = images * per_image
     if (
-        r.env and r.max_turns > 1
+        r.env and ep.max_turns > 1
     ):  # an episode: every turn's completion, and each observation's text and image
-        later = r.max_turns - 1
-        if r.max_images is not None:
-            later = max(0, min(later, r.max_images - images))
+        later = ep.max_turns - 1
+        if ep.max_images is not None:
+            later = max(0, min(later, ep.max_images - images))
         images += later
         visual = images * per_image
-        if r.max_context_pixels is not None:
-            visual = min(visual, r.max_context_pixels // shapes.pixels_per_token)
-        response = r.max_turns * r.max_new_tokens + (r.max_turns - 1) * OBSERVATION_TEXT_TOKENS
+        if ep.max_context_pixels is not None:
+            visual = min(visual, ep.max_context_pixels // shapes.pixels_per_token)
+        response = ep.max_turns * r.max_new_tokens + (ep.max_turns - 1) * OBSERVATION_TEXT_TOKENS
     if shapes.vision is None:
         images = videos = visual = 0
     text = TEXT_TOKENS if opts.text_tokens is None else opts.text_tokens
-    if r.env and r.max_total_tokens is not None:  # episodes stop before passing it
-        response = max(r.max_new_tokens, min(response, r.max_total_tokens - text - visual))
+    if r.env and ep.max_total_tokens is not None:  # episodes stop before passing it
+        response = max(r.max_new_tokens, min(response, ep.max_total_tokens - text - visual))
     return Sequence(
         text_tokens=text,
         images=images,

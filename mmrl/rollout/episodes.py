@@ -25,11 +25,13 @@ import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from mmrl.algos.advantages import Turn
+from mmrl.config import EpisodeConfig
 from mmrl.model.policy import Policy
 from mmrl.model.prompt import EncodedPrompt, opened_think
 from mmrl.rollout.base import Completion, RolloutEngine, SamplingParams
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from mmrl.envs.base import Observation, StepResult
     from mmrl.envs.pool import EnvPool
 
+ENDS = ("done", "error", "max_turns", "max_tokens", "image_budget")  # how an env episode ends
 SENTINEL = "MMRLTURNSENTINEL"  # the stand-in assistant text the delta is cut after
 _IDS = itertools.count()  # episode ids unique in this process: an EnvPool refuses a live id twice
 
@@ -213,6 +216,7 @@ class Trajectory:
     state_key: str = ""  # the state the next action is taken in
     response_prefix: str = ""  # what the current turn's generation prompt opened (a think block)
     _context: EncodedPrompt | None = field(default=None, repr=False)
+    _scoring: EncodedPrompt | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, episode_id: str, sample: Sample, prompt: EncodedPrompt, state_key: str) -> Trajectory:
@@ -278,7 +282,22 @@ class Trajectory:
         return self._context
 
     def set_media(self, mm: dict[str, torch.Tensor]) -> None:
-        self.mm, self._context = mm, None
+        self.mm, self._context, self._scoring = mm, None, None
+
+    def scoring_prompt(self) -> EncodedPrompt:
+        """The first prompt with the media of the whole episode, the prompt of the training row (the prompt itself,
+        shared by its group, while no later turn added images)."""
+        if self.mm is self.prompt.mm:
+            return self.prompt
+        if self._scoring is None:
+            self._scoring = replace(self.prompt, mm=self.mm)
+        return self._scoring
+
+    def response_seq(self) -> dict[str, torch.Tensor]:
+        """The per-token tensors of the response (the observations' ``mm_token_type_ids``...; zeros on sampled
+        tokens), as ``prompt.seq`` is the prompt's."""
+        P = len(self.prompt.input_ids)
+        return {k: v[P:] for k, v in self.seq().items()}
 
     def seq(self) -> dict[str, torch.Tensor]:
         keys = sorted({k for _, part in self.seq_parts for k in part})
@@ -323,23 +342,68 @@ class Trajectory:
         self.seq_parts.append((len(ids), seq or {}))
         self._context = None
 
-    def to_record(self) -> dict[str, Any]:
-        """Plain data for ``rollouts.jsonl``."""
+    def to_record(self, out: Path | None = None) -> dict[str, Any]:
+        """The episode as plain data, the one record every log of episodes holds (``rollouts.jsonl``'s ``episode``
+        and ``turns``, an env benchmark's ``predictions.jsonl`` rows, ``sft_dropped.jsonl``): ``id``, ``sample_id``,
+        ``correct`` (:attr:`success`), ``return``, ``end``, ``error`` (None unless the env failed), the response's
+        tokens and sampled tokens, and per step ``action`` (the text the env read), ``reward``, ``state_key``,
+        ``target_hit`` (the env's ``info["target_hit"]``, None where it does not say), ``finish_reason``,
+        ``images`` (the observation's new files, relative to ``out`` when given) and ``info`` (the rest of the
+        env's info)."""
+        turns = []
+        for s in self.steps:
+            info = dict(s.info)
+            hit = info.pop("target_hit", None)
+            turns.append(
+                {"action": s.action, "reward": s.reward, "state_key": s.state_key,
+                 "target_hit": None if hit is None else bool(hit), "finish_reason": s.finish_reason,
+                 "images": [_relative(x, out) for x in s.images], "info": info}
+            )  # fmt: skip
         return {
-            "episode_id": self.episode_id,
+            "id": self.episode_id,
             "sample_id": self.sample.id,
+            "correct": self.success,
             "return": self.episode_return,
-            "success": self.success,
             "end": self.end,
-            **({"error": self.error} if self.error else {}),
+            "error": self.error,
             "response_tokens": len(self.response),
             "sampled_tokens": int(sum(self.mask)),
-            "turns": [
-                {"action": s.action, "reward": s.reward, "state_key": s.state_key, "images": s.images,
-                 "finish_reason": s.finish_reason, "info": s.info}
-                for s in self.steps
-            ],
-        }  # fmt: skip
+            "turns": turns,
+        }
+
+
+def _relative(path: str, out: Path | None) -> str:
+    """``path`` relative to ``out`` when it lies inside (episode folders do), else as it is."""
+    if out is None:
+        return str(path)
+    try:
+        return str(Path(path).resolve().relative_to(out.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def episode_stats(records: list[dict[str, Any]]) -> dict[str, float]:
+    """The statistics of episodes (their :meth:`Trajectory.to_record` records), the one set training logs as
+    ``episode/*`` and evaluation as its summary: ``step_accuracy`` (the mean of ``target_hit`` over every step
+    whose env reports it, pooled over steps; absent when none does), ``turns_mean`` (steps per episode; 0 for one
+    the env failed at reset), ``return_mean``, ``success`` (share correct), ``invalid_frac`` (steps the env found
+    malformed), ``errors`` (episodes ended by an env failure) and ``end/<how>`` for every way in :data:`ENDS` (and
+    any other seen): the share of episodes that ended so."""
+    if not records:
+        return {}
+    n = len(records)
+    steps = [t for r in records for t in r["turns"]]
+    hits = [float(t["target_hit"]) for t in steps if t.get("target_hit") is not None]
+    out = {"step_accuracy": sum(hits) / len(hits)} if hits else {}
+    out["turns_mean"] = len(steps) / n
+    out["return_mean"] = sum(float(r["return"]) for r in records) / n
+    out["success"] = sum(bool(r["correct"]) for r in records) / n
+    out["invalid_frac"] = sum(bool((t.get("info") or {}).get("invalid")) for t in steps) / max(1, len(steps))
+    ends = Counter(str(r["end"]) for r in records)
+    out["errors"] = float(ends["error"])
+    for how in [*ENDS, *sorted(set(ends) - set(ENDS))]:
+        out[f"end/{how}"] = ends[how] / n
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- the driver
@@ -387,20 +451,18 @@ def run_episodes(
     *,
     pool: EnvPool | None = None,
     env_name: str | None = None,
-    env_options: dict[str, Any] | None = None,
-    max_turns: int = 1,
-    max_total_tokens: int | None = None,
-    images: ImageBudget = ImageBudget(),  # noqa: B008  (frozen)
-    role: str = "user",
+    settings: EpisodeConfig | None = None,
     prompts: list[EncodedPrompt] | None = None,
     teacher: str | None = None,
 ) -> list[list[Trajectory]]:
     """``params.n`` episodes of each sample, ``[B][G]``. Without ``env_name`` each is one turn (the collector's
-    single-turn rollout); with it, episodes of ``env_name`` (options ``env_options``) run in ``pool``, up to
-    ``max_turns`` completions and ``max_total_tokens`` tokens in all, observation images within ``images``, each
-    observation a ``role`` turn. ``prompts``: the samples already encoded (the collector's prompt cache).
-    ``teacher="oracle"``: the env's oracle writes every turn instead of ``engine`` (None allowed; module
-    docstring)."""
+    single-turn rollout); with it, episodes of ``env_name`` run in ``pool`` as ``settings`` say (the env's options,
+    ``max_turns`` completions and ``max_total_tokens`` tokens at most, observation images within the image budget,
+    each observation a ``observation_role`` turn). ``prompts``: the samples already encoded (the collector's
+    prompt cache). ``teacher="oracle"``: the env's oracle writes every turn instead of ``engine`` (None allowed;
+    module docstring)."""
+    settings = settings or EpisodeConfig()
+    max_turns = settings.max_turns
     if env_name is not None and pool is None:
         raise ValueError(f"env {env_name!r}: run_episodes needs an EnvPool (pool=...) to run its episodes in")
     if max_turns < 1:
@@ -427,9 +489,11 @@ def run_episodes(
                     t.end = "single_turn"
             return trajs
     else:
-        trajs = _reset(policy, pool, samples, prompts, G, env_name, env_options or {})
+        trajs = _reset(policy, pool, samples, prompts, G, env_name, settings.env_options)
+    role = settings.observation_role
     marker = end_of_turn(policy, role)[0]
-    limits = _Limits(max_turns, max_total_tokens, params.max_new_tokens, images, role, marker)
+    images = ImageBudget(settings.max_images, settings.max_context_pixels, settings.image_rule)
+    limits = _Limits(max_turns, settings.max_total_tokens, params.max_new_tokens, images, role, marker)
     live = [t for row in trajs for t in row if not t.end]
     turn = 0
     try:
@@ -611,47 +675,21 @@ def trajectory_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
+    packed: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """The training forward over whole trajectories: one forward of each ``prompt + response`` with every image of
-    every turn, scoring the sampled tokens (mask 1). Returns ``logp [B, T]`` (0 on environment tokens and padding),
-    the entropy (or None) and ``mask [B, T]`` (1 on sampled tokens), T the longest response. Padded layout (left
-    padding, as :meth:`Policy.collate`); gradients flow through ``logp`` unless under ``torch.no_grad()``."""
-    for t in trajectories:
-        policy.refuse_placeholders(
-            (tok for tok, m in zip(t.response, t.mask) if m), f"episode {t.episode_id!r}"
-        )
-    full = [t.context() for t in trajectories]
-    B, T = len(trajectories), max((len(t.response) for t in trajectories), default=0)
-    ids, attn, mm, L = policy.collate(full)
-    rows, cols, targets, flat = [], [], [], []
-    for i, t in enumerate(trajectories):
-        first = L - len(full[i].input_ids) + len(t.prompt.input_ids)  # column of response token 0
-        for j, (tok, m) in enumerate(zip(t.response, t.mask)):
-            if m:
-                rows.append(i)
-                cols.append(first + j - 1)  # the position that predicts it
-                targets.append(tok)
-                flat.append(i * T + j)
-    mask = torch.zeros(B * T, device=policy.device)
-    mask[flat] = 1.0
-    mask = mask.view(B, T)
-    if not flat:
-        return mask.clone(), (mask.clone() if with_entropy else None), mask
-
-    def score() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        with policy.autocast():
-            with policy.matched_tower_calls(mm):
-                last = policy.last_hidden(input_ids=ids, attention_mask=attn, use_cache=False, **mm)
-            hidden = last[torch.tensor(rows, device=last.device), torch.tensor(cols, device=last.device)]
-            logp, entropy = policy.score_tokens(
-                hidden,
-                torch.tensor(targets, device=last.device),
-                torch.tensor(flat, device=mask.device),
-                mask,
-                temperature=temperature,
-                with_entropy=with_entropy,
-                entropy_grad=entropy_grad,
-            )
-        return logp, entropy, mask
-
-    return policy.scored(score)
+    """The training forward over whole trajectories, the only one the update runs: each row is the trajectory's
+    first prompt and its whole response (environment tokens and every later turn's images included), scored by
+    :meth:`Policy.logprobs` on the sampled tokens (mask 1) only, in its layout (prompts left-padded, responses
+    right-padded, or packed). Returns ``logp [B, T]`` (0 on environment tokens and padding), the entropy (or None)
+    and ``mask [B, T]`` (1 on sampled tokens), T the longest response. A one-turn episode's row is exactly its
+    prompt and completion."""
+    return policy.logprobs(
+        [t.scoring_prompt() for t in trajectories],
+        [t.response for t in trajectories],
+        sampled=[t.mask for t in trajectories],
+        completion_seq=[t.response_seq() for t in trajectories],
+        temperature=temperature,
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+        packed=packed,
+    )

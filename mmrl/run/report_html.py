@@ -265,7 +265,12 @@ def episode_view(row: dict[str, Any], response: dict[str, Any], out: Path) -> Ep
     turns = [t for t in response["turns"] if isinstance(t, dict)]
     episode = response.get("episode") if isinstance(response.get("episode"), dict) else {}
     meta = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
-    infos = [t.get("info") if isinstance(t.get("info"), dict) else {} for t in turns]
+    # the env's info, with its per-step verdict (the record keeps target_hit beside info; older logs inside it)
+    infos = [
+        (t.get("info") if isinstance(t.get("info"), dict) else {})
+        | ({"target_hit": t["target_hit"]} if isinstance(t.get("target_hit"), bool) else {})
+        for t in turns
+    ]
     zooms = [(k, b) for k, info in enumerate(infos) if (b := _coords(info.get("box"), 4)) is not None]
     target = _coords(meta.get("target_box"), 4)
     first = str((row.get("images") or [""])[0])
@@ -297,12 +302,11 @@ def episode_view(row: dict[str, Any], response: dict[str, Any], out: Path) -> Ep
     cells.append(
         TurnCell(turn=None, image=image, image_path=path, seen=seen, note=str(episode.get("error") or ""))
     )
-    count = episode.get("turns_count")
     return EpisodeView(
         cells=cells,
         end=str(episode.get("end", "?")),
         ret=_number(episode.get("return")),
-        turns=count if isinstance(count, int) else len(turns),
+        turns=len(turns),
     )
 
 

@@ -187,50 +187,23 @@ def _check_format(field: str, path: str | None) -> None:
 
 
 def check_env(cfg: Config) -> None:
-    """``rollout.env`` and its options (names and kinds against the env's signature, then its own value checks),
-    and the episode limits."""
+    """``rollout.env`` and ``rollout.episode`` (:func:`mmrl.envs.validate_episode_settings`: the limits, the env's
+    options against its signature, the image budget)."""
     r = cfg.rollout
-    if r.max_turns < 1:
-        raise ConfigError(f"rollout.max_turns must be at least 1, got {r.max_turns}")
     if not r.env:
-        if r.max_turns > 1 or r.env_options:
-            raise ConfigError(
-                "rollout.max_turns > 1 or rollout.env_options without rollout.env: name the env the episodes run in"
-            )
+        if r.episode != type(r.episode)():
+            raise ConfigError("rollout.episode is set without rollout.env: name the env the episodes run in")
         return
-    from mmrl.envs import validate_env_options
+    from mmrl.envs import validate_episode_settings
 
     try:
-        validate_env_options(r.env, r.env_options)
+        validate_episode_settings(r.env, r.episode, r.max_new_tokens)
     except MissingExtra as e:
         raise ConfigError(f"rollout.env {r.env!r}: {e.reason}") from None
-    except (KeyError, ValueError, TypeError, ImportError) as e:
+    except (KeyError, ImportError) as e:
         raise ConfigError(f"rollout.env {r.env!r}: {e.args[0] if e.args else e}") from None
-    if r.image_rule not in ("downscale", "end"):
-        raise ConfigError(f"rollout.image_rule must be 'downscale' or 'end', got {r.image_rule!r}")
-    from mmrl.envs import get_env
-
-    if (
-        get_env(r.env).points_on_latest_image
-        and r.image_rule == "downscale"
-        and r.max_context_pixels is not None
-    ):
-        raise ConfigError(
-            f"rollout.image_rule: env {r.env!r} maps the model's points on each new screen with the first screen's "
-            "model size, so a downscaled later screen would be clicked in the wrong place; use image_rule: end "
-            "(the episode ends when the next screen does not fit max_context_pixels)"
-        )
-    if r.observation_role not in ("user", "tool"):
-        raise ConfigError(f"rollout.observation_role must be 'user' or 'tool', got {r.observation_role!r}")
-    if r.env_workers < 0 or not r.env_timeout_s > 0:
-        raise ConfigError(
-            f"rollout.env_workers must be >= 0 and rollout.env_timeout_s > 0; got {r.env_workers}, {r.env_timeout_s}"
-        )
-    if r.max_total_tokens is not None and r.max_total_tokens <= r.max_new_tokens:
-        raise ConfigError(
-            f"rollout.max_total_tokens ({r.max_total_tokens}) leaves no room for a prompt and one turn of "
-            f"rollout.max_new_tokens ({r.max_new_tokens}); raise it or leave it unset"
-        )
+    except ValueError as e:
+        raise ConfigError(f"rollout.episode.{e} (rollout.env {r.env!r})") from None
 
 
 def check_model(cfg: Config) -> None:

@@ -9,7 +9,7 @@ round are left out. The sampler hears about every group that was generated (VADE
 
 Every rollout runs the episode driver (:func:`mmrl.rollout.episodes.run_episodes`): a single-turn sample is an episode
 of one turn, its G completions one engine call as before; with ``rollout.env`` the episodes run in an
-:class:`~mmrl.envs.EnvPool` (``rollout.env_workers`` processes, folders under ``DIR/episodes``). Each group is G
+:class:`~mmrl.envs.EnvPool` (``rollout.episode.env_workers`` processes, folders under ``DIR/episodes``). Each group is G
 :class:`~mmrl.rollout.episodes.Trajectory` objects (``Collected.trajectories``), and ``groups`` holds one
 :class:`Completion` per trajectory (its whole response, environment tokens included, with the rollout log-probs: 0
 on environment tokens). A trajectory's reward is the composite of ``rewards:`` on its LAST turn's text, plus in an env
@@ -44,7 +44,7 @@ from mmrl.model.prompt import EncodedPrompt
 from mmrl.rewards.compose import ComposedResult, CompositeReward
 from mmrl.rollout import SamplingParams
 from mmrl.rollout.base import Completion, RolloutEngine
-from mmrl.rollout.episodes import ImageBudget, Trajectory, run_episodes
+from mmrl.rollout.episodes import Trajectory, episode_stats, run_episodes
 from mmrl.rollout.prompt_cache import PromptCache
 from mmrl.samplers.base import Sampler
 from mmrl.types import RewardInput, Sample
@@ -137,31 +137,26 @@ class Collector:
         return bool(self.cfg.rollout.env)
 
     def pool(self) -> Any:
-        """The env pool (started on first use): ``rollout.env_workers`` processes, folders under DIR/episodes."""
+        """The env pool (started on first use): ``rollout.episode.env_workers`` processes, folders under DIR/episodes."""
         if self._pool is None:
             import tempfile
 
             from mmrl.envs import EnvPool
 
-            r = self.cfg.rollout
             root = self.episode_root or Path(tempfile.mkdtemp(prefix="mmrl-episodes-"))
             if self.dist.active:
                 root = root / f"rank-{self.dist.rank}"
-            self._pool = EnvPool(root, workers=r.env_workers, timeout_s=r.env_timeout_s)
+            self._pool = EnvPool.for_episodes(root, self.cfg.rollout.episode)
         return self._pool
-
-    def image_budget(self) -> Any:
-        r = self.cfg.rollout
-        return ImageBudget(r.max_images, r.max_context_pixels, r.image_rule)  # type: ignore[arg-type]
 
     def run_episodes(
         self, samples: list[Sample], prompts: list[EncodedPrompt], params: SamplingParams
     ) -> list[list[Trajectory]]:
         """``params.n`` episodes of each sample (``[B][G]`` trajectories): one turn each, or in the run's env
-        (``rollout.env``) in the env pool."""
+        (``rollout.env``) in the env pool as ``rollout.episode`` says."""
+        r = self.cfg.rollout
         if not self.multi_turn:
             return run_episodes(self.policy, self.engine, samples, params, prompts=prompts)
-        r = self.cfg.rollout
         pool = self.pool()
         trajs = run_episodes(
             self.policy,
@@ -170,11 +165,7 @@ class Collector:
             params,
             pool=pool,
             env_name=r.env,
-            env_options=dict(r.env_options),
-            max_turns=r.max_turns,
-            max_total_tokens=r.max_total_tokens,
-            images=self.image_budget(),
-            role=r.observation_role,
+            settings=r.episode,
             prompts=prompts,
         )
         self._episode_dirs += [pool.episode_dir(t.episode_id) for row in trajs for t in row]
@@ -305,7 +296,7 @@ class Collector:
         groups = [[t.whole_response() for t in row] for row in trajs_all]
         got = Collected(idx, samples, prompts, groups, None, [], pending=finish, trajectories=trajs_all)
         if self.multi_turn:
-            got.stats = episode_stats(trajs_all)
+            got.stats = episode_metrics(trajs_all)
         return got if overlap else got.resolve()
 
     def _timed(
@@ -350,7 +341,7 @@ class Collector:
             kept.append(_select(got, keep))
             if informative >= k:
                 out = _select(_concat(kept), list(range(k)))
-                out.stats = (episode_stats(out.trajectories) if self.multi_turn else {}) | {
+                out.stats = (episode_metrics(out.trajectories) if self.multi_turn else {}) | {
                     "rollout/groups_generated": float(generated),
                     "rollout/sampling_rounds": float(rounds),
                 }
@@ -388,25 +379,8 @@ def _concat(parts: list[Collected]) -> Collected:
     )
 
 
-def episode_stats(trajs: list[list[Any]]) -> dict[str, float]:
-    """``episode/*`` of a batch of trajectories: ``success`` (:attr:`mmrl.rollout.episodes.Trajectory.success`: the env's
-    verdict on the last step, else a positive return), ``return_mean``, ``turns_mean``, ``step_accuracy`` (share of steps whose env info says
-    ``target_hit``, over the steps that report it), ``invalid_frac`` (steps the env found malformed), ``end/<why>``
-    (share of episodes ending so) and ``errors`` (episodes ended by an env failure)."""
-    flat = [t for row in trajs for t in row]
-    if not flat:
-        return {}
-    steps = [s for t in flat for s in t.steps]
-    hits = [bool(s.info["target_hit"]) for s in steps if s.info.get("target_hit") is not None]
-    out = {
-        "episode/success": sum(t.success for t in flat) / len(flat),
-        "episode/return_mean": sum(t.episode_return for t in flat) / len(flat),
-        "episode/turns_mean": sum(len(t.turns) for t in flat) / len(flat),
-        "episode/invalid_frac": sum(bool(s.info.get("invalid")) for s in steps) / max(1, len(steps)),
-        "episode/errors": float(sum(t.end == "error" for t in flat)),
+def episode_metrics(trajs: list[list[Trajectory]]) -> dict[str, float]:
+    """``episode/*``: :func:`mmrl.rollout.episodes.episode_stats` of the batch's episodes."""
+    return {
+        f"episode/{k}": v for k, v in episode_stats([t.to_record() for row in trajs for t in row]).items()
     }
-    if hits:
-        out["episode/step_accuracy"] = sum(hits) / len(hits)
-    for end in sorted({t.end for t in flat}):
-        out[f"episode/end/{end}"] = sum(t.end == end for t in flat) / len(flat)
-    return out

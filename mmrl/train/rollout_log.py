@@ -6,10 +6,10 @@ Written by rank 0 after each step (:class:`mmrl.train.trainer.Trainer`)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from mmrl.rollout.episodes import Trajectory
 from mmrl.train.collect import Collected
 
 
@@ -44,21 +44,8 @@ def append_rollouts(path: Path, rows: list[dict[str, Any]]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def episode_record(t: Any, out: Path) -> dict[str, Any]:
-    """A trajectory's ``episode`` summary and ``turns`` (image paths relative to the run folder ``out``)."""
-    rec = t.to_record()
-    root = out.resolve()
-
-    def rel(path: str) -> str:
-        try:
-            return os.path.relpath(path, root)
-        except ValueError:  # another drive (Windows): keep it absolute
-            return path
-
-    for turn in rec["turns"]:
-        turn["images"] = [rel(x) for x in turn["images"]]
-    episode = {"end": rec["end"], "return": rec["return"], "turns_count": len(rec["turns"])}
-    episode |= {"id": rec["episode_id"], "sampled_tokens": rec["sampled_tokens"]}
-    if rec.get("error"):
-        episode["error"] = rec["error"]
-    return {"episode": episode, "turns": rec["turns"]}
+def episode_record(t: Trajectory, out: Path) -> dict[str, Any]:
+    """A response's ``episode`` (the trajectory's record, :meth:`mmrl.rollout.episodes.Trajectory.to_record`, image
+    paths relative to the run folder ``out``) with its ``turns`` beside it."""
+    rec = t.to_record(out)
+    return {"turns": rec.pop("turns"), "episode": rec}

@@ -6,9 +6,8 @@ tiny model cannot earn any reward, so the tiny recipes do the same. The loss is 
 
 Multi-turn warm start (``rollout.env`` set): the records are the env's tasks, and the policy learns from oracle
 episodes. Each record is played once, before training, as a teacher-forced episode (:func:`mmrl.rollout.episodes.run_episodes`
-with ``teacher="oracle"``: the env's :meth:`~mmrl.envs.Env.oracle` writes every turn) under the run's own rollout
-settings (env options, ``max_turns``, ``max_total_tokens``, the image budget, the observation role, env workers and
-deadline) in an :class:`~mmrl.envs.EnvPool` under the output folder (``sft_episodes/``). Episodes that did not end
+with ``teacher="oracle"``: the env's :meth:`~mmrl.envs.Env.oracle` writes every turn) under the run's own episode
+settings (``rollout.episode``) in an :class:`~mmrl.envs.EnvPool` under the output folder (``sft_episodes/``). Episodes that did not end
 ``done`` with a positive return are dropped, counted in the card and written to ``sft_dropped.jsonl``. The loss is
 the mean NLL over all mask-1 tokens of the batch's trajectories (:func:`mmrl.rollout.episodes.trajectory_logprobs`,
 temperature 1): every action with its end-of-turn marker, each after the observations before it, exactly the tokens
@@ -30,7 +29,7 @@ from mmrl.config import Config, to_dict
 from mmrl.data import ensure_built, load_split
 from mmrl.model.policy import Policy
 from mmrl.rollout import SamplingParams
-from mmrl.rollout.episodes import ImageBudget, Trajectory, run_episodes, trajectory_logprobs
+from mmrl.rollout.episodes import Trajectory, run_episodes, trajectory_logprobs
 from mmrl.train.trainer import seed_everything
 from mmrl.types import Sample
 
@@ -119,12 +118,10 @@ def oracle_episodes(
     from mmrl.envs import EnvPool  # the envs (Chromium's launcher among them) only for multi-turn warm starts
 
     r = cfg.rollout
-    with EnvPool(out / "sft_episodes", workers=r.env_workers, timeout_s=r.env_timeout_s) as pool:
+    with EnvPool.for_episodes(out / "sft_episodes", r.episode) as pool:
         rows = run_episodes(
             policy, None, samples, SamplingParams(n=1, max_new_tokens=r.max_new_tokens), pool=pool,
-            env_name=r.env, env_options=r.env_options, max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
-            images=ImageBudget(r.max_images, r.max_context_pixels, r.image_rule), role=r.observation_role,
-            teacher="oracle",
+            env_name=r.env, settings=r.episode, teacher="oracle",
         )  # fmt: skip
     trajs = [row[0] for row in rows]
     won = [t.end == "done" and t.episode_return > 0 for t in trajs]
@@ -140,8 +137,8 @@ def oracle_episodes(
     if not kept:
         raise ValueError(
             f"sft: none of the {len(trajs)} oracle episodes of env {r.env!r} ended done with a positive return "
-            f"(see {out / 'sft_dropped.jsonl'}); check the env's oracle and the rollout limits (max_turns, "
-            "max_total_tokens, max_images, max_context_pixels)"
+            f"(see {out / 'sft_dropped.jsonl'}); check the env's oracle and the episode limits (rollout.episode: "
+            "max_turns, max_total_tokens, max_images, max_context_pixels)"
         )
     return kept, len(dropped)
 
@@ -173,8 +170,8 @@ def write_card(
         r = cfg.rollout
         objective = (
             f"mean token cross-entropy of the actions (each with its end-of-turn marker) of teacher-forced "
-            f"episodes of env `{r.env}` (its oracle writes every turn; max_turns {r.max_turns}, "
-            f"{r.observation_role} observation turns, {images}): {kept} episodes kept, {dropped} dropped for not "
+            f"episodes of env `{r.env}` (its oracle writes every turn; max_turns {r.episode.max_turns}, "
+            f"{r.episode.observation_role} observation turns, {images}): {kept} episodes kept, {dropped} dropped for not "
             "ending done with a positive return (`sft_dropped.jsonl`)"
         )
         unit = "episodes"

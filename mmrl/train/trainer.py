@@ -325,47 +325,10 @@ class Trainer:
         return self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
 
     def make_batch(self, got: Collected) -> RolloutBatch:
-        if self.collector.multi_turn:
-            return self._finish_batch(self._episode_batch(got))
-        comps = [c for g in got.groups for c in g]
-        T = max(len(c.token_ids) for c in comps)
-        old = torch.zeros(len(comps), T)
-        for i, c in enumerate(comps):
-            old[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
-        flat_prompts = [p for p, g in zip(got.prompts, got.groups) for _ in g]
-        G = len(got.groups[0])
-        lengths = {b: len(p.input_ids) for b, p in enumerate(got.prompts) if p is not None}
-        if self.dist.active:  # every rank needs every prompt's length to split the rows alike
-            lengths = {b: n for part in self.dist.gather(lengths) for b, n in part.items()}
-        batch = RolloutBatch(
-            flat_prompts,
-            [c.token_ids for c in comps],
-            G,
-            old,
-            encode=lambda row: self.collector.encode(got.samples[row // G]),
-            prompt_lengths=[lengths[i // G] for i in range(len(comps))],
-        )
-        return self._finish_batch(batch)
-
-    def _episode_batch(self, got: Collected) -> RolloutBatch:
-        """Multi-turn rows: each trajectory's whole response, its rollout log-probs (0 on the env's tokens)."""
-        trajs = [t for row in got.trajectories for t in row]
-        T = max(1, max(len(t.response) for t in trajs))
-        old = torch.zeros(len(trajs), T)
-        for i, t in enumerate(trajs):
-            old[i, : len(t.logprobs)] = torch.tensor(t.logprobs)
-        return RolloutBatch(
-            [t.prompt for t in trajs],
-            [list(t.response) for t in trajs],
-            len(got.trajectories[0]),
-            old,
-            prompt_lengths=[len(t.prompt.input_ids) for t in trajs],
-            trajectories=trajs,
-        )
-
-    def _finish_batch(self, batch: RolloutBatch) -> RolloutBatch:
-        """Rows per rank; pi_old recomputed (and the rollout correction) or the entropies, when asked for."""
-        N, G = len(batch.completions), batch.group_size
+        """The batch of the collected trajectories: rows per rank; pi_old recomputed (and the rollout correction)
+        or the entropies, when asked for."""
+        batch = RolloutBatch.of(got.trajectories)
+        N, G = len(batch), batch.group_size
         old = batch.old_logp
         if self.dist.active:  # the no-grad passes' rows: balanced by tokens, whole groups
             batch.rows = self.dist.balanced(*batch.blocks(list(range(N)), G))
@@ -426,9 +389,8 @@ class Trainer:
             kl_tok = KL_ESTIMATORS.get(a.kl_estimator)(batch.old_logp, batch.ref_logp)
             rewards = kl_penalised_rewards(rewards, kl_tok, batch.mask, a.kl_coef)
             stats["kl"] = ((kl_tok * batch.mask).sum() / batch.mask.sum().clamp(min=1)).item()
-        turns = None if batch.trajectories is None else [list(t.turns) for t in batch.trajectories]
         inp = AdvantageInput(
-            rewards, got.indices, batch.old_logp, batch.mask, batch.entropy, self.last_kl, turns=turns
+            rewards, got.indices, batch.old_logp, batch.mask, batch.entropy, self.last_kl, turns=batch.turns
         )
         batch.advantages, est_stats = self.estimator(inp)
         return stats | est_stats

@@ -15,8 +15,8 @@ Every method is looked up by name and called through one shape, so nothing here 
 Mini-batches are drawn from the batch's global rows with a generator seeded by (seed, step), so every process of a
 multi-process run draws the same ones and the update does not depend on the number of processes. Each mini-batch is
 split over the processes afresh, balanced (:meth:`mmrl.distributed.Dist.balanced`: the same number of rows or whole
-groups each, tokens spread longest first), so no rank waits on a larger share; a row whose prompt another rank
-encoded is encoded here on demand (``RolloutBatch.prompt``). Each process back-propagates its share over the global
+groups each, tokens spread longest first), so no rank waits on a larger share (every rank holds every row's
+trajectory, gathered after the rollout). Each process back-propagates its share over the global
 mini-batch's units, and gradients are summed across processes before clipping (:mod:`mmrl.distributed`).
 """
 
@@ -31,20 +31,26 @@ from typing import Any
 import torch
 
 from mmrl.algos import AGGREGATIONS, KL_ESTIMATORS, LOSSES, reduce_stats
+from mmrl.algos.advantages import Turn
 from mmrl.config import Config
 from mmrl.distributed import Dist
 from mmrl.model.policy import Policy
 from mmrl.model.prompt import EncodedPrompt
+from mmrl.rollout.base import Completion
+from mmrl.rollout.episodes import Trajectory, trajectory_logprobs
+from mmrl.types import Sample
 
 CLIP_FIELDS = ("clip_low", "clip_high", "dual_clip")
 
 
 @dataclass
 class RolloutBatch:
-    """One step's rollouts, rows prompt-major (the G responses of prompt b are rows b*G .. b*G+G-1)."""
+    """One step's rollouts, one row per trajectory (a single-turn sample is an episode of one turn), prompt-major:
+    the G episodes of prompt b are rows b*G .. b*G+G-1. Every row is scored the one way
+    (:func:`mmrl.rollout.episodes.trajectory_logprobs`): its first prompt, then its whole response, the sampled
+    tokens (mask 1) scored, an environment's tokens (mask 0) only read."""
 
-    prompts: list[EncodedPrompt | None]  # [N] (each prompt repeated G times; None outside this rank's rows)
-    completions: list[list[int]]  # [N] token ids
+    trajectories: list[Trajectory]  # [N]
     group_size: int  # G
     old_logp: torch.Tensor  # [N, T]
     ref_logp: torch.Tensor | None = None  # [N, T]
@@ -52,34 +58,47 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None  # [N] or [N, T]
     rows: list[int] | None = None  # the rows this process scores in the no-grad passes (None: all)
     rollout_weights: torch.Tensor | None = None  # [N, T] detached token-loss weights (rollout correction)
-    # balanced ranks: the prompt of any row, encoded on demand (rows move between ranks), and every row's prompt
-    # length (gathered), so that every rank can split the work alike
-    encode: Callable[[int], EncodedPrompt] | None = None
-    prompt_lengths: list[int] | None = None
-    # multi-turn rows (rollout.env): each row's mmrl.rollout.episodes.Trajectory; completions are then the whole responses
-    # (environment tokens included, mask 0) and the forward is mmrl.rollout.episodes.trajectory_logprobs
-    trajectories: list[Any] | None = None
+
+    @classmethod
+    def of(cls, trajectories: list[list[Trajectory]]) -> RolloutBatch:
+        """The batch of ``[B][G]`` trajectories, pi_old the rollout log-probs (0 on environment tokens)."""
+        flat = [t for row in trajectories for t in row]
+        old = torch.zeros(len(flat), max(1, max((len(t.response) for t in flat), default=0)))
+        for i, t in enumerate(flat):
+            old[i, : len(t.logprobs)] = torch.tensor(t.logprobs)
+        return cls(flat, len(trajectories[0]), old)
+
+    @classmethod
+    def one_turn(
+        cls,
+        prompts: list[EncodedPrompt],
+        completions: list[list[int]],
+        group_size: int,
+        old_logp: torch.Tensor,
+        **fields: Any,
+    ) -> RolloutBatch:
+        """A batch of one-turn episodes, row i ``prompts[i]`` answered by ``completions[i]`` (a prompt object shared by
+        rows shares its media encoding, as a group's does), with ``old_logp`` and any other field given: for
+        callers that hold encoded prompts rather than a rollout (benchmarks, tests)."""
+        trajs = []
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            t = Trajectory.start(f"row-{i}", Sample(f"row-{i // group_size}", []), p, f"row-{i}")
+            n = len(c)
+            t.add_completion(Completion(list(c), "", old_logp[i, :n].tolist(), "stop"))
+            t.end = "single_turn"
+            trajs.append(t)
+        return cls(trajs, group_size, old_logp, **fields)
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
 
     @property
     def local_rows(self) -> list[int]:
-        return list(range(len(self.completions))) if self.rows is None else self.rows
-
-    def prompt(self, row: int) -> EncodedPrompt:
-        """Row ``row``'s prompt, encoded here first if another rank encoded it (one object per group)."""
-        p = self.prompts[row]
-        if p is None:
-            if self.encode is None:
-                raise ValueError(f"row {row}'s prompt is not on this rank and the batch cannot encode it")
-            p = self.encode(row)
-            G = self.group_size
-            for r in range(row // G * G, row // G * G + G):
-                self.prompts[r] = p
-        return p
+        return list(range(len(self))) if self.rows is None else self.rows
 
     def tokens(self, row: int) -> int:
-        """Prompt + completion tokens of ``row``."""
-        P = self.prompt_lengths[row] if self.prompt_lengths is not None else len(self.prompt(row).input_ids)
-        return P + len(self.completions[row])
+        """Prompt + response tokens of ``row``."""
+        return self.trajectories[row].length
 
     def blocks(self, rows: list[int], unit: int) -> tuple[list[list[int]], list[float]]:
         """``rows`` in blocks of ``unit`` and each block's tokens."""
@@ -87,28 +106,28 @@ class RolloutBatch:
         return blocks, [float(sum(self.tokens(r) for r in b)) for b in blocks]
 
     @property
+    def turns(self) -> list[list[Turn]] | None:
+        """Each row's turns, for the multi-turn estimators; None when no row stepped an environment: each row is
+        then one turn over its whole response, rewarded by the run's rewards (:func:`mmrl.algos.multiturn.read_turns`)."""
+        if not any(t.steps for t in self.trajectories):
+            return None
+        return [list(t.turns) for t in self.trajectories]
+
+    @property
     def mask(self) -> torch.Tensor:  # [N, T]: 1 on sampled tokens (not on padding, not on the env's tokens)
         T = self.old_logp.shape[1]
-        if self.trajectories is not None:
-            out = torch.zeros(len(self.trajectories), T)
-            for i, t in enumerate(self.trajectories):
-                out[i, : len(t.mask)] = torch.tensor(t.mask, dtype=torch.float32)
-            return out
-        lengths = torch.tensor([len(c) for c in self.completions])
-        return (torch.arange(T)[None, :] < lengths[:, None]).float()
+        # made from the host-side masks in one factory call (a planner's fake-tensor run keeps a real copy of it)
+        return torch.tensor(
+            [t.mask + [0] * (T - len(t.mask)) for t in self.trajectories], dtype=torch.bool
+        ).float()
 
     def logprobs(
         self, policy: Policy, rows: list[int], **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """The training forward of ``rows``: ``(logp, entropy, mask)``, each ``[len(rows), T]`` with T the longest
-        of their responses (:meth:`Policy.logprobs`; whole trajectories by
-        :func:`mmrl.rollout.episodes.trajectory_logprobs`, scoring the sampled tokens only)."""
-        if self.trajectories is not None:
-            from mmrl.rollout.episodes import trajectory_logprobs
-
-            kwargs.setdefault("with_entropy", True)  # as Policy.logprobs
-            return trajectory_logprobs(policy, [self.trajectories[j] for j in rows], **kwargs)
-        return policy.logprobs([self.prompt(j) for j in rows], [self.completions[j] for j in rows], **kwargs)
+        of their responses."""
+        kwargs.setdefault("with_entropy", True)
+        return trajectory_logprobs(policy, [self.trajectories[j] for j in rows], **kwargs)
 
 
 def loss_options(cfg: Config) -> dict[str, Any]:
@@ -168,7 +187,7 @@ class PolicyUpdate:
         self.tokens = 0  # tokens through the training forward in the last call (for tokens/s)
 
     def __call__(self, batch: RolloutBatch, step: int = 0) -> dict[str, float]:
-        a, N = self.cfg.algo, len(batch.prompts)
+        a, N = self.cfg.algo, len(batch)
         lr = self.sched.get_last_lr()[0]  # the rate this update uses (the scheduler steps after it)
         unit = batch.group_size if self.whole_groups else 1  # rows move in blocks of whole groups when needed
         gen = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + step)  # same on every process
@@ -190,13 +209,7 @@ class PolicyUpdate:
         units = self.agg.units(full_mask[rows])
         # balanced ranks: this mini-batch's blocks split over the ranks by tokens, equal counts (the mini-batch
         # itself is drawn from the global rows, so the update does not depend on the number of processes)
-        if not self.dist.active:
-            mine = rows
-        elif batch.encode is None and batch.prompt_lengths is None:  # a batch that cannot move rows: its own
-            own = set(batch.local_rows)
-            mine = [r for r in rows if r in own]
-        else:
-            mine = self.dist.balanced(*batch.blocks(rows, unit))
+        mine = self.dist.balanced(*batch.blocks(rows, unit)) if self.dist.active else rows
         micros = micro_batches(batch, mine, unit, self.cfg)
         weights = [1.0] * len(micros)
         # zero-weight padding micro-batches: under FSDP every forward is a collective (pad to the most any rank

@@ -33,17 +33,10 @@ from typing import Any
 
 import torch
 
-from mmrl.config import Config
-from mmrl.eval.episodic import (
-    EnvBenchmark,
-    EpisodeOptions,
-    episode_pool,
-    episode_row,
-    episode_summary,
-    options_of,
-    run_held_out,
-)
+from mmrl.config import Config, EpisodeConfig
+from mmrl.eval.episodic import EnvBenchmark, episode_row, episode_summary
 from mmrl.eval.scoring import aggregate, item_score
+from mmrl.rollout.episodes import run_episodes
 from mmrl.train.collect import Collector, reward_inputs
 from mmrl.types import Sample
 
@@ -63,11 +56,11 @@ class Validator:
         self.samples = samples[: e.max_samples]
         # the env that judges held-out episodes and their settings; None: single responses
         self.env: str | None = None
-        self.episode_opts: EpisodeOptions | None = None
+        self.episode_opts: EpisodeConfig | None = None
         if isinstance(self.bench, EnvBenchmark):
             self.env, self.episode_opts = self.bench.env, self.bench.opts
         elif self.bench is None and cfg.rollout.env:
-            self.env, self.episode_opts = cfg.rollout.env, options_of(cfg.rollout)
+            self.env, self.episode_opts = cfg.rollout.env, cfg.rollout.episode
         self.pool: Any = None
         self._tmp: Path | None = None  # the pool's folder when no run folder was given
 
@@ -113,7 +106,16 @@ class Validator:
         pool = self._pool()
         shutil.rmtree(pool.root, ignore_errors=True)  # the previous evaluation's files
         params = c.sampling_params(eval_mode=True)
-        trajs = run_held_out(c.policy, c.engine, samples, params, pool, self.env, self.episode_opts, prompts)
+        trajs = run_episodes(
+            c.policy,
+            c.engine,
+            samples,
+            params,
+            pool=pool,
+            env_name=self.env,
+            settings=self.episode_opts,
+            prompts=prompts,
+        )
         return [episode_row(s.id, g, f) for s, g, f in zip(samples, trajs, fields)]
 
     def _pool(self) -> Any:
@@ -122,7 +124,11 @@ class Validator:
                 self._tmp = Path(tempfile.mkdtemp(prefix="mmrl-episodes-eval-"))
             d = self.collector.dist
             root = Path(self.out_dir or self._tmp) / "episodes-eval"
-            self.pool = episode_pool(root / f"rank-{d.rank}" if d.world > 1 else root, self.episode_opts)
+            from mmrl.envs import EnvPool
+
+            self.pool = EnvPool.for_episodes(
+                root / f"rank-{d.rank}" if d.world > 1 else root, self.episode_opts
+            )
         return self.pool
 
     def close(self) -> None:
