@@ -20,13 +20,29 @@ only writable private memory and works. A page past ``timeout_ms`` (an endless s
 calls that hang (``evaluate`` has no timeout) are ended by a watchdog that kills the browser's process tree, and a
 new browser is launched. Input size and screenshot size are capped; the screenshot is cropped to its content like
 the LaTeX pages.
+
+Crashes. A renderer can crash and a browser can die under any Chromium user (another Chromium on a loaded machine;
+the OOM killer): Playwright then raises ``Target crashed``, ``Page crashed`` or a ``TargetClosedError`` (``Target
+page, context or browser has been closed``) from the call under way or the next one on that page (the page's
+``crash`` event fires too, later; the errors are what is read). :meth:`HtmlRenderer.retry_crashes` is the one
+place every user (this renderer, the gui data builders, the ``browser_app`` env) survives them: it relaunches a
+dead browser, lets the caller open its page again, and runs the item again, at most ``crash_retries`` times; then
+the item fails with :class:`ChromiumCrash`, whose message names the item and every crash. Only crashes are retried
+(:func:`crash_reason`): a timeout, the watchdog's own kill of a hung page, a script or content error fail the item
+at once, so hostile HTML fails closed. A page that crashes its renderer (an allocation past ``memory_limit_mb``)
+looks like any other crash, so it is rendered at most ``1 + crash_retries`` times.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
+import re
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 
@@ -40,6 +56,62 @@ _CHROMIUM_ARGS = [
 ]
 _TEXT_JS = "() => document.body ? document.body.innerText : ''"
 _PAGE_SIZE_JS = "() => [document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
+# Playwright's words for a dead renderer ("Target crashed", "Page crashed") or browser ("Target page, context or
+# browser has been closed", "Browser has been closed", "Browser closed", "Playwright connection closed")
+_CRASH = re.compile(r"Target crashed|Page crashed|has been closed|Browser closed|[Cc]onnection closed")
+
+logger = logging.getLogger("mmrl.rewards.html_sandbox")
+T = TypeVar("T")
+
+
+class ChromiumCrash(RuntimeError):
+    """An item that Chromium crashed under ``1 + crash_retries`` times in a row; the message names the item and
+    every crash."""
+
+
+def crash_reason(error: BaseException) -> str | None:
+    """``error``'s first line when it is Playwright reporting a crashed renderer or a dead browser (retried on a
+    new page); None for anything else (a timeout, a script or content error: the item's own fault)."""
+    if not type(error).__module__.startswith("playwright") or type(error).__name__ == "TimeoutError":
+        return None
+    first = (str(error).strip().splitlines() or [""])[0].strip()[:200]
+    if type(error).__name__ == "TargetClosedError" or _CRASH.search(first):
+        return f"{type(error).__name__}: {first}"
+    return None
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: first line`` of ``error`` (Playwright's messages go on with a call log)."""
+    first = (str(error).strip().splitlines() or [""])[0][:400]
+    return f"{type(error).__name__}: {first}"
+
+
+class LeftOut:
+    """A data builder's items that failed after Chromium crashed under them: ``with left_out.item(name): ...``
+    swallows a :class:`ChromiumCrash` from the block (the rest of the block is skipped, the item left out with a
+    warning naming it and the crashes) so that the build goes on; ``in_a_row`` failed items in a row raise, since
+    Chromium is then broken, not one item."""
+
+    def __init__(self, builder: str, in_a_row: int = 3) -> None:
+        self.builder, self.in_a_row = builder, in_a_row
+        self.items: list[str] = []
+        self._streak = 0
+
+    @contextlib.contextmanager
+    def item(self, name: str) -> Iterator[None]:
+        try:
+            yield
+        except ChromiumCrash as e:
+            self.items.append(name)
+            self._streak += 1
+            logger.warning("%s: %s left out: %s", self.builder, name, e)
+            if self._streak >= self.in_a_row:
+                raise RuntimeError(
+                    f"{self.builder}: Chromium crashed on {self._streak} items in a row (the last, {name}: {e}); "
+                    "check this machine's Chromium (bash scripts/setup.sh) and its free memory"
+                ) from e
+        else:
+            self._streak = 0
 
 
 class HtmlRenderer:
@@ -61,15 +133,19 @@ class HtmlRenderer:
         close_timeout_s: float = 5.0,
         memory_limit_mb: int = 2048,
         renderer_cpu_s: int = 30,
+        crash_retries: int = 2,
     ):
         self.javascript, self.max_html_bytes = javascript, max_html_bytes
+        self.crash_retries = crash_retries
         self.memory_limit_mb, self.renderer_cpu_s = memory_limit_mb, renderer_cpu_s
         self.max_width, self.max_height, self.close_timeout_s = max_width, max_height, close_timeout_s
         self.blocked_requests = 0
         self.restarts = 0
+        self.crashes = 0  # crashes seen by retry_crashes, survived or not
         self._pw = self._browser = self._blackhole = None
         self._browser_procs: list = []
         self._browser_dead = False
+        self._expired = False  # the watchdog killed the browser: the page's timeout follows, not a crash
 
     def __enter__(self) -> HtmlRenderer:
         self._launch()
@@ -95,17 +171,67 @@ class HtmlRenderer:
         self, html: str | bytes, *, width: int = 800, timeout_ms: int = 3000, extract_text: bool = False
     ) -> RenderResult:
         """Screenshot ``html`` in a ``width``-pixel viewport, cropped to its content; not ok (never raises) when the
-        input is rejected, the page does not finish within ``timeout_ms`` or the browser fails. ``extract_text``
-        also returns the visible text of every frame (tests use it to prove that no local file was loaded)."""
+        input is rejected, the page does not finish within ``timeout_ms``, or Chromium crashes under it
+        ``1 + crash_retries`` times in a row (:meth:`retry_crashes`). ``extract_text`` also returns the visible
+        text of every frame (tests use it to prove that no local file was loaded)."""
         t0 = time.monotonic()
         text, error = _screen_html(html, self.max_html_bytes)
         if error is not None:
             return RenderResult(ok=False, error=f"rejected: {error}")
-        if self._browser is None or self._browser_dead or not self._browser.is_connected():
+        self.ensure_browser()  # a browser that cannot start at all is the machine's problem: it raises
+        try:
+            image, text = self.retry_crashes(
+                lambda: self._render_once(text, width, timeout_ms, extract_text), "page"
+            )
+        except Exception as e:  # Playwright's TimeoutError and Error, the watchdog's kill, ChromiumCrash
+            if not self._browser_alive():
+                self._relaunch()
+            return RenderResult(ok=False, error=describe_error(e), seconds=time.monotonic() - t0)
+        return RenderResult(ok=True, image=image, seconds=time.monotonic() - t0, text=text)
+
+    def retry_crashes(
+        self, attempt: Callable[[], T], what: str, recover: Callable[[], None] | None = None
+    ) -> T:
+        """``attempt()``, again after each crash of Chromium under it (:func:`crash_reason`), at most
+        ``crash_retries`` times: a dead browser is relaunched and ``recover()`` (the caller opens its page again)
+        runs before the next attempt. Then :class:`ChromiumCrash` names ``what`` and every crash. Any other error,
+        and the watchdog's kill of a hung page, propagates at once."""
+        crashes: list[str] = []
+        while True:
+            try:
+                self._expired = False
+                self.ensure_browser()
+                if crashes and recover is not None:
+                    recover()
+                return attempt()
+            except Exception as e:
+                reason = None if self._expired else crash_reason(e)
+                if reason is None:
+                    raise
+                dead = not self._browser_alive()
+                self._browser_dead = self._browser_dead or dead
+                crashes.append(f"{'browser died' if dead else 'renderer crashed'} ({reason})")
+                self.crashes += 1
+                if len(crashes) > self.crash_retries:
+                    raise ChromiumCrash(
+                        f"{what}: Chromium crashed {len(crashes)} times in a row: {'; '.join(crashes)}"
+                    ) from e
+                logger.warning("%s: Chromium crashed (%s); trying again on a new page", what, crashes[-1])
+
+    def ensure_browser(self) -> None:
+        """Launch Chromium, or launch it again when it died or was killed."""
+        if self._pw is None:
+            self._launch()
+        elif self._browser is None or self._browser_dead or not self._browser.is_connected():
             self._relaunch()
+
+    def _render_once(
+        self, html: str, width: int, timeout_ms: int, extract_text: bool
+    ) -> tuple[np.ndarray, str | None]:
+        deadline = time.monotonic() + timeout_ms / 1000.0
         # Calls without a timeout of their own (evaluate, close) hang while a script spins; past the deadline the
         # watchdog kills the browser, which makes them raise.
-        watchdog = threading.Timer(timeout_ms / 1000.0 + 1.0, self._kill_browser)
+        watchdog = threading.Timer(timeout_ms / 1000.0 + 1.0, self._expire)
         watchdog.start()
         context = None
         try:
@@ -117,17 +243,12 @@ class HtmlRenderer:
                 device_scale_factor=1,
             )
             context.route("**/*", self._abort)
-            image, text = self._shoot(context.new_page(), text, t0 + timeout_ms / 1000.0, extract_text)
-            return RenderResult(ok=True, image=image, seconds=time.monotonic() - t0, text=text)
-        except Exception as e:  # Playwright's TimeoutError and Error, a killed browser
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            return RenderResult(ok=False, error=f"{type(e).__name__}: {first}", seconds=time.monotonic() - t0)
+            return self._shoot(context.new_page(), html, deadline, extract_text)
         finally:
             closed = context is None or self._guarded(context.close)
             watchdog.cancel()
             watchdog.join()
-            if not closed or self._browser_dead:
-                self._relaunch()
+            self._browser_dead = self._browser_dead or not closed
 
     def _shoot(self, page, html: str, deadline: float, extract_text: bool) -> tuple[np.ndarray, str | None]:
         page.set_content(html, timeout=_left_ms(deadline), wait_until="load")
@@ -216,6 +337,19 @@ class HtmlRenderer:
             timer.cancel()
             timer.join()
 
+    def _expire(self) -> None:
+        self._expired = True
+        self._kill_browser()
+
+    def _browser_alive(self) -> bool:
+        """The browser is connected and its main process runs (a killed one can look connected for a moment)."""
+        if self._browser_dead or self._browser is None or not self._browser.is_connected():
+            return False
+        try:
+            return all(p.is_running() and p.status() != "zombie" for p in self._browser_procs)
+        except Exception:  # psutil.NoSuchProcess
+            return False
+
     def _kill_browser(self) -> None:
         import psutil
 
@@ -283,4 +417,4 @@ def _crop_content(image: np.ndarray, border: int = 3) -> np.ndarray:
     return out
 
 
-__all__ = ["HtmlRenderer"]
+__all__ = ["ChromiumCrash", "HtmlRenderer", "LeftOut", "crash_reason", "describe_error"]

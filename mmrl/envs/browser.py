@@ -14,6 +14,11 @@ The browser. One Chromium per worker process (:class:`mmrl.rewards.html_sandbox.
 request aborted by a route handler and counted in ``blocked_requests``, the proxy a dead local port, host names
 resolving to nothing, rlimits on every Chromium process) and a context and page per live episode, reused by the
 next episode after a navigation to ``about:blank`` (:class:`AppBrowser`), JavaScript on for the app's own script.
+A crash of the page's renderer or of the browser is survived (:meth:`HtmlRenderer.retry_crashes`): the episode
+opens a new page (in a new browser when it died), does its valid actions so far again, and retries its reset, step
+or oracle query; after ``crash_retries`` more crashes in a row it raises
+:class:`~mmrl.rewards.html_sandbox.ChromiumCrash` naming the sample, the step and every crash, which ends that
+episode alone (the pool's ``info["error"]``).
 The page is set from a string, never a URL, so no ``file:`` page exists and Chromium refuses ``file:`` loads from
 it. Typed text is untrusted: it only reaches the page through key events into the focused text
 field, and the app shows text from its state as text nodes only, so markup or URLs typed stay text.
@@ -244,10 +249,7 @@ class AppBrowser(HtmlRenderer):
     def open(self, viewport: tuple[int, int], route: Callable[[Any], None]) -> tuple[Any, Any]:
         """A context and page of ``viewport`` ``(w, h)`` at device scale 1, reused when one is free; (re)launches
         Chromium if needed."""
-        if self._pw is None:
-            self._launch()
-        elif self._browser is None or self._browser_dead or not self._browser.is_connected():
-            self._relaunch()
+        self.ensure_browser()
         size = {"width": viewport[0], "height": viewport[1]}
         while self._free:
             held = self._free.pop()
@@ -275,7 +277,10 @@ class AppBrowser(HtmlRenderer):
 
     def close_context(self, context: Any) -> None:
         """Release ``context``: its page goes back to the free list after a navigation to ``about:blank``, or the
-        context is closed (the browser is killed, and relaunched for the next episode, if that hangs)."""
+        context is closed (the browser is killed, and relaunched for the next episode, if that hangs). A context
+        of a browser that has since been relaunched is only forgotten."""
+        if context.browser is not self._browser:
+            return
         held = self._live.pop(id(context), None)
         if held is None or len(self._free) >= self.keep or self._browser_dead:
             self._close(context)
@@ -375,6 +380,8 @@ class BrowserAppEnv(Env):
         self.steps = self.blocked_requests = 0
         self.state: dict[str, Any] = {}
         self.state_key = ""
+        self.history: list[tuple[Action, tuple[float, float] | None]] = []  # valid actions done, for a replay
+        self.what = ""
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> None:
@@ -421,11 +428,9 @@ class BrowserAppEnv(Env):
         self.model_size = tuple(model[0]) if model else self.viewport
         self.tag = f"{kind}|{seed}"
         self.steps = self.blocked_requests = 0
-        self.context, self.page = shared_browser().open(self.viewport, self._abort)
-        self.page.set_content(self.app.html, wait_until="load", timeout=self.timeout_ms)
-        self._settle()
-        self._read()
-        png = self._shoot()
+        self.history = []
+        self.what = f"sample {sample.id!r} (app {kind!r} seed {seed})"
+        png = shared_browser().retry_crashes(self._first, f"{self.what}: reset")
         images: list[str] = []
         if not sample.images:
             images = [str(png)]
@@ -440,6 +445,13 @@ class BrowserAppEnv(Env):
             point = self._to_page(action.point) if action.point is not None else None
         except Invalid as bad:
             return self._invalid(str(bad))
+        what = f"{self.what}: step {self.steps}"
+        result = shared_browser().retry_crashes(lambda: self._act(action, point), what, self._load)
+        self.history.append((action, point))
+        return result
+
+    def _act(self, action: Action, point: tuple[float, float] | None) -> StepResult:
+        """The rest of :meth:`step` for a valid action: everything it does in the page."""
         expected, wanted = self._next()
         at = self.page.evaluate(_UI_AT_JS, list(point)) if point is not None else None
         focused = self.page.evaluate(_FOCUSED_JS)
@@ -479,7 +491,8 @@ class BrowserAppEnv(Env):
     def oracle_action(self) -> dict[str, Any] | None:
         """The oracle's next action in the gui schema, coordinates in page pixels (the ``original_pixels``
         frame); a scroll when its element is off screen; None when the task is done or cannot be finished."""
-        return self._next()[1]
+        what = f"{self.what}: the oracle after step {self.steps}"
+        return shared_browser().retry_crashes(lambda: self._next()[1], what, self._load)
 
     def oracle(self) -> str | None:
         """The oracle's next action as the model writes it, in its frame (module docstring); None when there is
@@ -488,6 +501,24 @@ class BrowserAppEnv(Env):
         return None if action is None else action_response(action, self.frame, self.viewport, self.model_size)
 
     # -- helpers ------------------------------------------------------------------------------------------------
+
+    def _first(self) -> Path:
+        self._load()
+        return self._shoot()
+
+    def _load(self) -> None:
+        """A page showing the app, with the episode's actions so far done again: the start of an episode, and its
+        way back after a crash (the apps are deterministic, so the replay reaches the same state); reads it."""
+        if self.context is not None:
+            shared_browser().close_context(self.context)
+            self.context = self.page = None
+        self.context, self.page = shared_browser().open(self.viewport, self._abort)
+        self.page.set_content(self.app.html, wait_until="load", timeout=self.timeout_ms)
+        self._settle()
+        for action, point in self.history:
+            self._perform(action, point)
+            self._settle()
+        self._read()
 
     def _next(self) -> tuple[Any, dict[str, Any] | None]:
         step = self.app.oracle(self.state)

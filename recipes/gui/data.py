@@ -38,7 +38,7 @@ from typing import Any
 
 from mmrl.model.checkpoint_files import ModelView
 from mmrl.processors.geometry import original_to_model
-from mmrl.rewards.html_sandbox import HtmlRenderer
+from mmrl.rewards.html_sandbox import ChromiumCrash, HtmlRenderer, LeftOut
 
 logger = logging.getLogger("mmrl.recipes.gui")
 
@@ -200,12 +200,17 @@ class ScreenRenderer(HtmlRenderer):
         self._pages = {}
         super().close()
 
+    def _forget(self, screen: Screen) -> None:
+        """Drop ``screen``'s page after a crash (its context closed if the browser still runs): the next shot
+        opens a new one."""
+        page = self._pages.pop(screen, None)
+        if page is not None and not self._browser_dead:
+            self._guarded(page.context.close)
+
     def page(self, screen: Screen):
         """The reused Playwright page for ``screen`` (it keeps the last page shot on it, scrolled as it
         was)."""
-        if self._browser is None or self._browser_dead or not self._browser.is_connected():
-            self._pages = {}
-            self._relaunch()
+        self.ensure_browser()  # a relaunch forgets the pages (close)
         if screen not in self._pages:
             context = self._browser.new_context(
                 viewport={"width": screen.width, "height": screen.height},
@@ -222,13 +227,20 @@ class ScreenRenderer(HtmlRenderer):
         self, html: str, screen: Screen, *, scrolled_to_bottom: bool = False, timeout_ms: int = 15000
     ) -> Shot:
         """Render ``html`` on ``screen`` (scrolled to the bottom when asked) and measure its ``data-gui``
-        elements; raises RuntimeError naming the screen when Chromium fails."""
-        try:
+        elements. A crash of Chromium is retried on a new page (:meth:`retry_crashes`), then raises
+        :class:`ChromiumCrash`; any other failure raises RuntimeError; both name the screen."""
+
+        def attempt() -> tuple[dict[str, Any], bytes]:
             page = self.page(screen)
             page.set_content(html, timeout=timeout_ms, wait_until="load")
             data = page.evaluate(_MEASURE_JS, scrolled_to_bottom)
-            png = page.screenshot(timeout=timeout_ms, animations="disabled", caret="hide")
-        except Exception as e:  # Playwright's Error/TimeoutError or a dead browser: start afresh next time
+            return data, page.screenshot(timeout=timeout_ms, animations="disabled", caret="hide")
+
+        try:
+            data, png = self.retry_crashes(attempt, f"screen {screen.name!r}", lambda: self._forget(screen))
+        except ChromiumCrash:
+            raise
+        except Exception as e:  # Playwright's Error/TimeoutError: start afresh next time
             self._browser_dead = True
             raise RuntimeError(
                 f"screen {screen.name!r}: Chromium failed to render a generated page: {e}"
@@ -600,7 +612,11 @@ def build(
     Screens are drawn uniformly from ``screens`` (names in :data:`SCREENS`); actions by ``action_weights``
     (default :data:`DEFAULT_WEIGHTS`; an action a screen cannot offer, such as scrolling a page that fits,
     becomes a click). ``renderer``: a running :class:`ScreenRenderer` to reuse (Playwright's sync API allows
-    one per thread), else one is started and closed here. Logs the rendering rate in screenshots/s."""
+    one per thread), else one is started and closed here. Logs the rendering rate in screenshots/s.
+
+    A record Chromium crashes under again and again (:meth:`ScreenRenderer.shoot`) is left out with a warning
+    (:class:`~mmrl.rewards.html_sandbox.LeftOut`; the records after it then differ from a clean build's, since its
+    random draws stop at the screenshot); three such records in a row stop the build."""
     weights = action_weights or DEFAULT_WEIGHTS
     unknown = [a for a in weights if a not in ACTIONS] + [s for s in screens if s not in SCREENS]
     if unknown:
@@ -611,21 +627,24 @@ def build(
     root = Path(folder)
     (root / "images").mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
-    t0, shots = time.perf_counter(), 0
+    t0, shots, left_out = time.perf_counter(), 0, LeftOut("gui data")
     with contextlib.nullcontext(renderer) if renderer is not None else ScreenRenderer() as renderer:
         for split, n, s in (("train", n_train, seed), ("eval", n_eval, seed + 1_000_003)):
             rng = random.Random(s)
             lines = []
             for i in range(n):
                 screen = SCREENS[rng.choice(screens)]
-                rec, png = make_record(rng, renderer, screen, f"gui-{split}-{i:05d}", weights)
-                (root / rec["images"][0]).write_bytes(png)
-                lines.append(json.dumps(rec))
-                shots += 1
+                with left_out.item(f"gui-{split}-{i:05d}"):
+                    rec, png = make_record(rng, renderer, screen, f"gui-{split}-{i:05d}", weights)
+                    (root / rec["images"][0]).write_bytes(png)
+                    lines.append(json.dumps(rec))
+                    shots += 1
             paths[split] = root / f"{split}.jsonl"
             _write_jsonl(paths[split], lines)
     seconds = time.perf_counter() - t0
     logger.info(
         "gui data: %d screenshots in %.1f s (%.2f screenshots/s)", shots, seconds, shots / max(seconds, 1e-9)
     )
+    if left_out.items:
+        logger.warning("gui data: left out after Chromium crashes: %s", ", ".join(left_out.items))
     return paths

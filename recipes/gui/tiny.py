@@ -38,6 +38,7 @@ from mmrl.recipes.gui.data import (
     make_record,
     target_response,
 )
+from mmrl.rewards.html_sandbox import LeftOut
 
 logger = logging.getLogger("mmrl.recipes.gui")
 
@@ -109,7 +110,8 @@ def build(
 ) -> dict[str, Path]:
     """Write ``train.jsonl``, ``eval.jsonl``, ``sft.jsonl`` and ``images/`` under ``folder`` (each split its own
     seed, so the splits are disjoint draws). ``renderer``: a running :class:`ScreenRenderer` to reuse, else one
-    is started and closed here. Logs the rendering rate in screenshots/s.
+    is started and closed here. Logs the rendering rate in screenshots/s. A record Chromium crashes under again
+    and again is left out, as in :func:`~.data.build`.
 
     The ``sft`` split keeps a screen with a search field with probability ``sft_keep_field`` (half the RL and
     held-out screens have one): the field pushes the list down by about one row, so a warm start that rarely saw
@@ -117,7 +119,7 @@ def build(
     root = Path(folder)
     (root / "images").mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
-    t0, shots = time.perf_counter(), 0
+    t0, shots, left_out = time.perf_counter(), 0, LeftOut("gui tiny data")
     splits = (("train", n_train, seed), ("eval", n_eval, seed + 1_000_003), ("sft", n_sft, seed + 2_000_029))
     with contextlib.nullcontext(renderer) if renderer is not None else ScreenRenderer() as renderer:
         for split, n, s in splits:
@@ -127,20 +129,21 @@ def build(
             while len(lines) < n:
                 rid = f"gui-tiny-{split}-{i:05d}"
                 i += 1
-                rec, png = make_record(
-                    rng,
-                    renderer,
-                    TINY_SCREEN,
-                    rid,
-                    TINY_WEIGHTS,
-                    layouts=make_tiny_layout,
-                    prompt=TINY_PROMPT,
-                )
-                shots += 1
-                if split == "sft" and _has_field(rec) and rng.random() >= sft_keep_field:
-                    continue
-                (root / rec["images"][0]).write_bytes(png)
-                lines.append(json.dumps(_sft_record(rec) if split == "sft" else rec))
+                with left_out.item(rid):
+                    rec, png = make_record(
+                        rng,
+                        renderer,
+                        TINY_SCREEN,
+                        rid,
+                        TINY_WEIGHTS,
+                        layouts=make_tiny_layout,
+                        prompt=TINY_PROMPT,
+                    )
+                    shots += 1
+                    if split == "sft" and _has_field(rec) and rng.random() >= sft_keep_field:
+                        continue
+                    (root / rec["images"][0]).write_bytes(png)
+                    lines.append(json.dumps(_sft_record(rec) if split == "sft" else rec))
             paths[split] = root / f"{split}.jsonl"
             tmp = paths[split].with_suffix(".jsonl.tmp")
             tmp.write_text("\n".join(lines) + "\n")
@@ -149,4 +152,6 @@ def build(
     logger.info(
         "gui tiny data: %d screenshots in %.1f s (%.2f/s)", shots, seconds, shots / max(seconds, 1e-9)
     )
+    if left_out.items:
+        logger.warning("gui tiny data: left out after Chromium crashes: %s", ", ".join(left_out.items))
     return paths

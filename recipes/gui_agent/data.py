@@ -33,6 +33,7 @@ from typing import Any
 from mmrl.envs.browser import BrowserAppEnv, action_response
 from mmrl.model.checkpoint_files import ModelView
 from mmrl.recipes.gui_agent.apps import BUILDERS, KINDS, TINY_KINDS
+from mmrl.rewards.html_sandbox import LeftOut
 from mmrl.types import Sample
 
 logger = logging.getLogger("mmrl.recipes.gui_agent")
@@ -136,7 +137,9 @@ def build(
     """Write ``train.jsonl``, ``eval.jsonl``, ``sft.jsonl`` (``n_sft`` oracle episodes, one record per step;
     none when 0) and ``images/`` under ``folder``. ``viewport`` ``(w, h)``: the app's screen in CSS pixels (device
     scale 1: screenshot pixels); ``view``: the model whose frame the SFT answers are written in (module docstring).
-    Logs the rate in screens/s."""
+    Logs the rate in screens/s. The env survives Chromium's crashes (:mod:`mmrl.envs.browser`); an app it still
+    crashes under is left out with a warning (:class:`~mmrl.rewards.html_sandbox.LeftOut`; every app has its own
+    seed, so the other records are those of a clean build), three in a row stop the build."""
     unknown = [k for k in kinds if k not in BUILDERS]
     if unknown or not kinds:
         raise ValueError(f"gui_agent data: unknown app kind(s) {unknown}; kinds: {tuple(BUILDERS)}")
@@ -144,7 +147,7 @@ def build(
     root = Path(folder)
     (root / "images").mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
-    t0, screens = time.perf_counter(), 0
+    t0, screens, left_out = time.perf_counter(), 0, LeftOut("gui_agent data")
     with tempfile.TemporaryDirectory(prefix="gui-agent-") as work:
         for split, n in (("train", n_train), ("eval", n_eval), ("sft", n_sft)):
             if split == "sft" and n == 0:
@@ -154,7 +157,8 @@ def build(
                 app_seed = seed * SEED_STRIDE + SPLIT_OFFSET[split] + i
                 rid = f"gui-agent-{split}-{i:05d}"
                 kind = kinds[i % len(kinds)]
-                records += _episode(root, Path(work), rid, kind, app_seed, viewport, split == "sft", view)
+                with left_out.item(rid):
+                    records += _episode(root, Path(work), rid, kind, app_seed, viewport, split == "sft", view)
             screens += len(records)
             paths[split] = root / f"{split}.jsonl"
             _write_jsonl(paths[split], records)
@@ -162,6 +166,8 @@ def build(
     logger.info(
         "gui_agent data: %d screens in %.1f s (%.2f/s)", screens, seconds, screens / max(seconds, 1e-9)
     )
+    if left_out.items:
+        logger.warning("gui_agent data: left out after Chromium crashes: %s", ", ".join(left_out.items))
     return paths
 
 
