@@ -129,3 +129,16 @@ def test_preflight_refuses_downscaled_screens_for_an_env_that_points_on_them(tmp
         check_config(cfg)
     cfg.rollout.episode.image_rule = "end"
     check_config(cfg)
+
+
+def test_preflight_refuses_a_tensor_parallel_engine_with_an_env(tmp_path):
+    """The ranks of a tensor-parallel vLLM engine must make the same generate calls; ranks stepping their own
+    episodes would not (issue: multi-turn with vLLM TP would desync), so the combination is refused with the reason."""
+    from mmrl.train.checks import check_env
+
+    cfg = load_config(str(_recipe(tmp_path)))
+    cfg.rollout.engine_options = {"tensor_parallel_size": 2}
+    with pytest.raises(ConfigError, match="tensor_parallel_size 2: the ranks of a tensor-parallel engine"):
+        check_env(cfg)
+    cfg.rollout.engine_options = {"tensor_parallel_size": 1}
+    check_env(cfg)

@@ -86,3 +86,37 @@ def test_vllm_episode_logprobs_equal_the_training_forward(family, tiny_family, t
         errs.append((lp[i, : len(t.mask)][m] - torch.tensor(t.logprobs)[m]).abs().max().item())
     print(f"{family}: max |vLLM - training| log-prob over {len(trajs)} 3-turn episodes: {max(errs):.2e}")
     assert max(errs) < 1e-5, (family, errs)
+
+
+@pytest.mark.slow
+def test_zoom_recipe_trains_and_resumes_with_vllm(tmp_path):
+    """The zoom tiny recipe through ``mmrl train`` with the vLLM engine (multi-turn episodes, an image in every turn):
+    2 steps, then resumed for a third from its checkpoint; every step's episodes end, and the resumed run continues
+    the step count and the metrics file."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    base = [
+        sys.executable,
+        "-m",
+        "mmrl",
+        "train",
+        "recipes/zoom/tiny.yaml",
+        "--output-dir",
+        str(tmp_path / "run"),
+    ]
+    sets = ["rollout.engine=vllm", "train.save_every=1", "train.prompts_per_step=4"]
+    for args in (["--max-steps", "2"], ["--max-steps", "3", "--resume"]):
+        r = subprocess.run(base + args + sets, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for r in steps:
+        ended = sum(v for k, v in r.items() if k.startswith("episode/end/"))
+        assert ended == pytest.approx(1.0) and r["episode/errors"] == 0 and r["episode/turns_mean"] >= 1.0

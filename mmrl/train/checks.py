@@ -194,6 +194,14 @@ def check_env(cfg: Config) -> None:
         if r.episode != type(r.episode)():
             raise ConfigError("rollout.episode is set without rollout.env: name the env the episodes run in")
         return
+    tp = r.engine_options.get("tensor_parallel_size", 1)
+    if isinstance(tp, int) and tp > 1:
+        raise ConfigError(
+            f"rollout.env {r.env!r} with rollout.engine_options.tensor_parallel_size {tp}: the ranks of a "
+            "tensor-parallel engine must make the same generate calls, but each rank steps its own episodes, which "
+            "end after different numbers of turns, so the group would desync; use tensor_parallel_size 1 (one "
+            "engine per rank: give each rank a whole GPU, or a model that fits one)"
+        )
     from mmrl.envs import validate_episode_settings
 
     try:
