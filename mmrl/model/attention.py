@@ -12,7 +12,9 @@ device: in a packed forward (the policy sets :data:`PACKED` and passes ``cu_seq_
 ``scaled_dot_product_attention`` per sequence with ``is_causal`` (sliding-window and chunked layers get their local
 mask per sequence; media tokens that attend to each other both ways, Gemma 3 and 4's, get their blocks in that mask:
 :func:`mmrl.model.packing._media_blocks`), and no ``[N, N]`` mask is ever built; everywhere else (padded batches,
-generation with a cache, vision towers) it is transformers' ``sdpa`` exactly, mask function included.
+generation with a cache, vision towers) it is transformers' ``sdpa`` exactly, mask function included. The sequence
+boundaries come as host ints too (:data:`BOUNDS`, and which sequences hold media blocks), so that no layer reads a
+value back from the device: on a GPU each read is a sync, per layer per micro-batch (tests/test_packed_syncs.py).
 
 ``auto`` resolves to ``flash_attention_2`` where flash-attn is installed and the model runs on CUDA (transformers
 then reads the packed row's cumulative lengths itself), else ``mmrl_sdpa`` (:func:`resolve`).
@@ -30,6 +32,9 @@ import torch.nn.functional as F
 NAME = "mmrl_sdpa"
 # set while the policy runs a packed forward: decoder masks are not built (each sequence is attended alone)
 PACKED: ContextVar[bool] = ContextVar("mmrl_packed", default=False)
+# keyword of a packed forward: its cumulative lengths as host ints, next to transformers' ``cu_seq_lens_q`` (a device
+# tensor, as flash-attention's kernels take it), so that no layer reads them back from the device
+BOUNDS = "mmrl_cu_seqlens"
 
 
 def resolve(name: str | None, device: torch.device, media_blocks: bool = False) -> str | None:
@@ -75,21 +80,42 @@ def _local_mask(
     return None
 
 
-def _with_media_blocks(
-    local: torch.Tensor | None, ids: torch.Tensor, layer_type: str | None, config: Any
-) -> torch.Tensor | None:
+def _with_media_blocks(ids: torch.Tensor, layer_type: str | None, config: Any) -> torch.Tensor:
     """A sequence's mask with its media tokens attending both ways within their own block (``ids``: a block id per
-    token, -1 for text), as transformers' ``blockwise_overlay``: ``causal | same block``, and for a sliding layer
-    ``window & (causal | same block)``, the window one-sided (``kv > q - window``). None where the sequence has no
-    media token (plain causal attention, or its local mask, is exact)."""
-    if not bool((ids >= 0).any()):
-        return local
+    token, -1 for text; the caller knows on the host that the sequence holds one), as transformers'
+    ``blockwise_overlay``: ``causal | same block``, and for a sliding layer ``window & (causal | same block)``, the
+    window one-sided (``kv > q - window``)."""
     i = torch.arange(len(ids), device=ids.device)
     mask = (i[None, :] <= i[:, None]) | ((ids[:, None] == ids[None, :]) & (ids[:, None] >= 0))
     window = getattr(config, "sliding_window", None) if layer_type == "sliding_attention" else None
     if window:
         mask &= i[None, :] > i[:, None] - window
     return mask
+
+
+def _bounds(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    kwargs: dict[str, Any],
+) -> tuple[int, ...] | None:
+    """The packed row's sequence boundaries (cumulative lengths, host ints) where this call attends one causally,
+    else None. Read from :data:`BOUNDS`, which the packed forward hands every layer; a caller that hands transformers'
+    keywords alone (``cu_seq_lens_q``, a device tensor) costs one device->host read here, per layer."""
+    cu = kwargs.get("cu_seq_lens_q")
+    # not gated on PACKED: gradient checkpointing recomputes a layer in the backward, after the forward has reset it
+    if (
+        cu is None
+        or attention_mask is not None
+        or not getattr(module, "is_causal", True)
+        or query.shape[0] != 1
+    ):
+        return None
+    bounds = kwargs.get(BOUNDS)
+    if bounds is None:
+        bounds = tuple(cu.tolist())
+    return bounds if bounds[-1] == query.shape[2] == key.shape[2] else None
 
 
 def attention(
@@ -104,17 +130,8 @@ def attention(
 ) -> tuple[torch.Tensor, None]:
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-    cu = kwargs.get("cu_seq_lens_q")
-    causal = getattr(module, "is_causal", True)
-    # not gated on PACKED: gradient checkpointing recomputes a layer in the backward, after the forward has reset it
-    packed = (
-        cu is not None
-        and attention_mask is None
-        and causal
-        and query.shape[0] == 1
-        and int(cu[-1]) == query.shape[2] == key.shape[2]
-    )
-    if not packed:
+    bounds = _bounds(module, query, key, attention_mask, kwargs)
+    if bounds is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
@@ -124,13 +141,13 @@ def attention(
     config = getattr(module, "config", None)
     types = getattr(config, "layer_types", None)
     layer_type = types[module.layer_idx] if types is not None and hasattr(module, "layer_idx") else None
-    bounds = cu.tolist()
-    blocks, block_layers = kwargs.get("mmrl_media_blocks") or (None, ())
+    blocks, block_layers, with_media = kwargs.get("mmrl_media_blocks") or (None, (), ())
+    blocked = blocks is not None and (layer_type or "full_attention") in block_layers
     outs = []
-    for s, e in zip(bounds[:-1], bounds[1:]):
+    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
         local = _local_mask(e - s, layer_type, config, query.device)
-        if blocks is not None and (layer_type or "full_attention") in block_layers:
-            local = _with_media_blocks(local, blocks[s:e], layer_type, config)
+        if blocked and with_media[n]:
+            local = _with_media_blocks(blocks[s:e], layer_type, config)
         outs.append(
             F.scaled_dot_product_attention(
                 query[:, :, s:e],

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mmrl.model.attention import BOUNDS
+
 # the functions a Gated-DeltaNet layer's forward calls by module-level name, and their packed replacements
 _CONV, _RULE = "causal_conv1d_fn", "torch_chunk_gated_delta_rule"
 _ORIGINAL = "_mmrl_original"
@@ -90,6 +92,7 @@ def _conv_dispatch(original: Any) -> Any:
 def _rule_dispatch(original: Any) -> Any:
     def torch_chunk_gated_delta_rule(query, key, value, g, beta, **kwargs):
         cu = kwargs.pop("cu_seqlens", None)
+        kwargs.pop(BOUNDS, None)  # mmrl_sdpa's: neither transformers' nor fla's functions take it
         if cu is None:
             return original(query, key, value, g=g, beta=beta, **kwargs)
         return packed_chunk_gated_delta_rule(original, query, key, value, g, beta, cu, **kwargs)
@@ -144,15 +147,16 @@ def packed_chunk_gated_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The gated delta rule of a packed row (``query`` ``[1, N, H, D]``, ``g``/``beta`` ``[1, N, H]``) with the
     state reset at each sequence: ``fla``'s varlen kernel where installed (transformers' ``original`` dispatches
-    to it), else ``original``'s torch path over the right-padded batch of the sequences. No final state: a packed
-    row is a training forward, never a cache fill."""
+    to it), else ``original``'s torch path over the right-padded batch of the sequences, as long as the longest:
+    ``max_length_q``, the host int transformers' varlen keywords carry (without it, read back from ``cu``: a sync on
+    a GPU). No final state: a packed row is a training forward, never a cache fill."""
     if kwargs.get("initial_state") is not None or kwargs.get("output_final_state"):
         raise ValueError("a packed row carries no recurrent state (training forwards only)")
     if importlib.util.find_spec("fla") is not None:
         return original(query, key, value, g=g, beta=beta, cu_seqlens=cu, **kwargs)
     N = query.shape[1]
     seq, pos = positions_in_sequence(cu.to(query.device), N)
-    B, L = len(cu) - 1, int((cu[1:] - cu[:-1]).max())
+    B, L = len(cu) - 1, kwargs.get("max_length_q") or int((cu[1:] - cu[:-1]).max())
 
     def unpack(x: torch.Tensor) -> torch.Tensor:  # [1, N, ...] -> [B, L, ...], zeros after each sequence
         return x.new_zeros((B, L, *x.shape[2:])).index_put((seq, pos), x[0])

@@ -3,12 +3,13 @@ encoded once for all its rows. The policy calls these; they read its model, proc
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from mmrl.model import encoders, linear_attention
+from mmrl.model import attention, encoders, linear_attention
 from mmrl.model.attention import PACKED
 from mmrl.model.prompt import padded, seq_keys
 
@@ -84,7 +85,7 @@ def packed_hidden(
     cu = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(dev, torch.int32)
     mm = {k: torch.cat(v)[None].to(dev) for k, v in seq.items()}
     mm |= _media_batch(pol, prompts, {k for p in prompts for k in p.mm})
-    blocks = _media_blocks(pol, mm)
+    blocks = _media_blocks(pol, seq, dev)
     linear_attention.install(pol.model)  # linear-attention layers restart at each sequence too
     token = PACKED.set(True)
     try:
@@ -185,35 +186,45 @@ def _media_batch(pol: Policy, prompts: list[EncodedPrompt], keys: set[str]) -> d
     return out
 
 
-def _media_blocks(pol: Policy, mm: dict[str, torch.Tensor]) -> dict[str, Any]:
+def _media_blocks(pol: Policy, seq: dict[str, list[torch.Tensor]], dev: torch.device) -> dict[str, Any]:
     """The packed row's two-way media blocks (:func:`mmrl.model.encoders.media_blocks`), for ``mmrl_sdpa``: each run of
     media tokens gets its own id (-1 elsewhere), numbered along the whole row so that no block spans two
-    sequences, handed to the attention as ``mmrl_media_blocks = (ids [N], layer types)``. The keyword travels with
-    the layers' other keywords (the cumulative lengths), so a layer recomputed by gradient checkpointing in the
-    backward gets it again. Empty where the model has none or the row holds no media token."""
+    sequences, handed to the attention as ``mmrl_media_blocks = (ids [N] on dev, layer types, whether each sequence
+    holds a media token)``. Computed on the host from each sequence's per-token inputs (``seq``: host tensors, in row
+    order), so that no layer reads the ids back from the device. The keyword travels with the layers' other keywords
+    (the cumulative lengths), so a layer recomputed by gradient checkpointing in the backward gets it again. Empty
+    where the model has none or the row holds no media token."""
     spec = encoders.media_blocks(pol.model, pol.processor)
-    if spec is None or spec[0] not in mm:
+    if spec is None or spec[0] not in seq:
         return {}
     key, values, layers = spec
-    types = mm[key][0]
+    types = torch.cat(seq[key])
     media = torch.zeros_like(types, dtype=torch.bool)
     for v in values:
         media |= types == v
-    if not bool(media.any()):
+    with_media = tuple(bool(m.any()) for m in media.split([len(t) for t in seq[key]]))
+    if not any(with_media):
         return {}
     start = media & ~torch.nn.functional.pad(media, (1, 0))[:-1]
     ids = torch.where(media, start.long().cumsum(0) - 1, -1)
-    return {"mmrl_media_blocks": (ids, layers)}
+    return {"mmrl_media_blocks": (ids.to(dev), layers, with_media)}
 
 
 def _packed_forward(pol: Policy, rows, positions, cu, lengths, mm, dev) -> torch.Tensor:
+    """The model's forward over the packed row, with the boundaries as transformers' varlen keywords (``cu_seq_lens_q``
+    and ``_k`` on the device, as flash-attention's kernels take them; ``max_length_q`` and ``_k`` host ints, which
+    the linear-attention layers read too) and once more as host ints for ``mmrl_sdpa`` (:data:`attention.BOUNDS`),
+    computed here from the host ``lengths`` so that no layer reads them back from the device. Keywords travel with
+    each layer's call: a layer recomputed by gradient checkpointing in the backward gets the same ones."""
+    sizes = lengths.tolist()  # a host tensor: no sync
     return pol.last_hidden(
         input_ids=torch.cat(rows)[None].to(dev),
         position_ids=positions.to(dev),
         use_cache=False,
         cu_seq_lens_q=cu,
         cu_seq_lens_k=cu,
-        max_length_q=int(lengths.max()),
-        max_length_k=int(lengths.max()),
+        max_length_q=max(sizes),
+        max_length_k=max(sizes),
+        **{attention.BOUNDS: (0, *itertools.accumulate(sizes))},
         **mm,
     )[0]  # [N, H]
