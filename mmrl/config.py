@@ -117,7 +117,32 @@ class DataConfig:
         "'module:function' that writes the records into data.train's folder when data.train does not exist",
         None,
     )
-    check_media: bool = opt("open every image/video header while loading to catch bad files early", True)
+    check_media: bool = opt(
+        "decode every image and the first frame of every video while loading, and check their sizes, so bad files "
+        "are caught before step 1 (costs about one decode of each image)",
+        True,
+    )
+    max_images_per_record: int = opt(
+        "images one record may hold; a record with more is bad (each image adds its vision tokens to all G "
+        "rollouts of its group and to the update)",
+        64,
+    )
+    max_pixels_per_record: int = opt(
+        "original pixels of all of one record's images at most (384 MB as 8-bit RGB; a processor that tiles gets "
+        "them all at once); one image may hold 64M (mmrl.processors.image.DEFAULT_MAX_IMAGE_PIXELS)",
+        128_000_000,
+    )
+    max_prompt_tokens: int | None = opt(
+        "text tokens of one record's chat at most, vision tokens not counted (None: no limit). 8192 holds a long "
+        "document or a many-turn chat; a runaway record (tens of thousands of tokens) is refused, as every prompt is "
+        "held by all G rollouts of its group and by the update",
+        8192,
+    )
+    allowed_special_tokens: list[str] = opt(
+        "special tokens record text may hold, encoded as the control tokens they are (e.g. Qwen2-VL's "
+        "<|object_ref_start|>); any other special or vision token of the model in a record's text makes it bad",
+        factory=list,
+    )
 
 
 @dataclass

@@ -55,12 +55,13 @@ def read_records(path: Path) -> list[Record]:
         return [Record(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist())]
     if path.suffix == ".jsonl":
         out = []
-        with path.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    out.append(Record(f"{path}:{n}", _object(_loads(line, f"{path}:{n}"), f"{path}:{n}")))
+        with path.open("rb") as f:
+            for n, raw in enumerate(f, 1):
+                if raw.strip():
+                    where = f"{path}:{n}"
+                    out.append(Record(where, _object(_loads(_utf8(raw, where), where), where)))
         return out
-    data = _loads(path.read_text(encoding="utf-8"), str(path))
+    data = _loads(_utf8(path.read_bytes(), str(path)), str(path))
     if isinstance(data, dict):
         return [Record(f"{path} key {k!r}", _object(v, f"{path} key {k!r}"), str(k)) for k, v in data.items()]
     if isinstance(data, list):
@@ -76,11 +77,22 @@ def _needs(path: Path, module: str) -> None:
         raise EvalError(str(e)) from None
 
 
+def _utf8(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise EvalError(
+            f"{where}: not valid UTF-8 (byte {raw[e.start]:#04x} at offset {e.start}); re-save the file as UTF-8"
+        ) from None
+
+
 def _loads(text: str, where: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise EvalError(f"{where}: invalid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise EvalError(f"{where}: invalid JSON (nested too deeply to parse)") from None
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:

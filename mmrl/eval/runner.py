@@ -36,6 +36,7 @@ from mmrl.eval.episodic import EnvBenchmark
 from mmrl.eval.loading import sha256_files
 from mmrl.eval.report import write_outputs
 from mmrl.eval.scoring import aggregate, read_predictions, score_rows
+from mmrl.eval.screening import screen
 from mmrl.rollout.base import RolloutEngine
 
 # Qwen2.5-VL's own processor default (the resolution its reported benchmark numbers use), not the training default.
@@ -125,6 +126,7 @@ def run_eval(req: EvalRequest) -> dict[str, Any]:
     _check_unique(items, data)
     out = Path(req.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    items = screen(items, model, out / "skipped.jsonl") if req.model else items  # mmrl.eval.screening
     identity = {
         "benchmark": bench.name,
         "model": req.model,

@@ -27,6 +27,7 @@ import torch
 
 from mmrl.config import Config, to_dict
 from mmrl.data import ensure_built, load_split
+from mmrl.model.checkpoint_files import resolve_model_path
 from mmrl.model.policy import Policy
 from mmrl.rollout import SamplingParams
 from mmrl.rollout.episodes import Trajectory, run_episodes, trajectory_logprobs
@@ -46,7 +47,7 @@ def run_sft(cfg: Config, output_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.train.seed)
     ensure_built(cfg.data.train, cfg.data.builder)
-    samples = load_split(cfg.data, cfg.data.train, out / "skipped.jsonl")
+    samples = load_split(cfg.data, cfg.data.train, out / "skipped.jsonl", resolve_model_path(cfg.model.path))
     samples = samples[: cfg.sft.max_records] if cfg.sft.max_records else samples
     policy = Policy.from_pretrained(cfg.model)
     episodes = None

@@ -108,14 +108,18 @@ class Trainer:
         )
 
     def _load_data(self) -> tuple[list, list]:
-        """The training and held-out records; bad ones listed in ``skipped.jsonl`` (rank 0 builds missing data)."""
+        """The training and held-out records, checked with the policy's processor too; bad ones listed in
+        ``skipped.jsonl`` (rank 0 builds missing data)."""
+        from mmrl.model.checkpoint_files import resolve_model_path
+
         cfg, dist = self.cfg, self.dist
         if dist.is_main:
             ensure_built(cfg.data.train, cfg.data.builder)
         dist.barrier()
         skipped = self.out / "skipped.jsonl" if dist.is_main else None
-        train = load_split(cfg.data, cfg.data.train, skipped)
-        return train, load_split(cfg.data, cfg.data.eval, skipped) if cfg.data.eval else []
+        model = resolve_model_path(cfg.model.path)
+        train = load_split(cfg.data, cfg.data.train, skipped, model)
+        return train, load_split(cfg.data, cfg.data.eval, skipped, model) if cfg.data.eval else []
 
     def _build_policies(self, ckpt: Path | None) -> tuple[Policy, Policy | None]:
         """The policy on this process's device, replicated (DDP) or sharded (FSDP2), and the frozen reference when
