@@ -244,3 +244,39 @@ def test_eval_names_a_line_its_benchmark_cannot_read(corpus, tmp_path, capsys):
     assert _eval(data, tmp_path / "eval") == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: {data}:2: not valid UTF-8 (byte 0xe9 at offset 28); re-save the file as UTF-8"
+
+
+def test_a_record_that_fails_to_encode_at_its_step_is_skipped_there(corpus, tmp_path, monkeypatch):
+    """What only fails when a step encodes it (a video decoder, media the load-time checks passed) is skipped at that
+    step with its reason in skipped.jsonl (once, however often it is drawn), replaced by a fresh draw and never used
+    in a batch; the run goes on."""
+    from mmrl.model.policy import Policy
+    from mmrl.processors.errors import MediaError
+
+    real = Policy.encode
+    failing = {f"good-{i}" for i in range(1, 6)}
+    calls: list[str] = []
+
+    def encode(self, sample, *args, **kwargs):
+        calls.append(sample.id)
+        if sample.id in failing:
+            raise MediaError(sample.id, "the decoder gave up (simulated)")
+        return real(self, sample, *args, **kwargs)
+
+    monkeypatch.setattr(Policy, "encode", encode)
+    cfg = _recipe(tmp_path, corpus)
+    out = tmp_path / "run"
+    assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "3"]) == 0
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    skipped = [json.loads(x) for x in (out / "skipped.jsonl").read_text().splitlines()]
+    at_steps = [r["id"] for r in skipped if r["kind"] == "encode_failed"]
+    drawn = failing & set(calls)
+    assert drawn and sorted(at_steps) == sorted(drawn)  # each failing record drawn is listed once
+    assert all(
+        "decoder gave up" in r["reason"] and r["where"].startswith("step ")
+        for r in skipped
+        if r["kind"] == "encode_failed"
+    )
+    logged = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert not failing & {r["id"] for r in logged}

@@ -26,6 +26,7 @@ carry theirs).
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from mmrl.config import Config
 from mmrl.distributed import Dist
 from mmrl.model.policy import Policy
 from mmrl.model.prompt import EncodedPrompt
+from mmrl.processors.errors import MediaError
 from mmrl.rewards.compose import ComposedResult, CompositeReward
 from mmrl.rollout import SamplingParams
 from mmrl.rollout.base import Completion, RolloutEngine
@@ -50,6 +52,7 @@ from mmrl.samplers.base import Sampler
 from mmrl.types import RewardInput, Sample
 
 ROLLOUTS_LOGGED = 2  # groups per step written to rollouts.jsonl (and kept rendered with train.keep_renders)
+MAX_REDRAWS = 8  # rounds of fresh draws for records that fail to encode, before the step fails
 
 
 class SamplingExhausted(RuntimeError):
@@ -117,6 +120,7 @@ class Collector:
         dist: Dist,
         render_root: Path | None = None,
         episode_root: Path | None = None,
+        skipped_path: Path | None = None,
     ):
         self.cfg, self.data, self.policy, self.engine = cfg, data, policy, engine
         self.sampler, self.reward, self.stage, self.dist = sampler, reward, stage, dist
@@ -131,6 +135,12 @@ class Collector:
         self.episode_root = episode_root  # DIR/episodes: the env pool's folders (rollout.env)
         self._pool: Any = None
         self._episode_dirs: list[Path] = []  # this rank's episode folders of the last round(s)
+        self.skipped_path = (
+            skipped_path  # DIR/skipped.jsonl: records that failed to encode are added (rank 0)
+        )
+        self.bad: set[int] = (
+            set()
+        )  # dataset indices whose media failed to encode: never drawn into a batch again
 
     @property
     def multi_turn(self) -> bool:
@@ -254,11 +264,9 @@ class Collector:
         mine = self.dist.share(k)
         with self.stage("sample"):
             idx = self.sampler.select(k)  # global: every rank picks the same
-            samples = [self.data[i] for i in idx]
         with self.stage("encode"):
-            prompts: list[EncodedPrompt | None] = [
-                self.encode(s) if b in mine else None for b, s in enumerate(samples)
-            ]
+            idx, prompts = self._encode_round(idx, mine)
+            samples = [self.data[i] for i in idx]
         local = [prompts[b] for b in mine]
         # chunks: the HF engine generates batch_size prompts at a time anyway; an engine that schedules the whole
         # batch itself (vLLM) gets it at once; episodes batch every live episode of the round at each turn: one chunk
@@ -298,6 +306,43 @@ class Collector:
         if self.multi_turn:
             got.stats = episode_metrics(trajs_all)
         return got if overlap else got.resolve()
+
+    def _encode_round(self, idx: list[int], mine: list[int]) -> tuple[list[int], list[EncodedPrompt | None]]:
+        """The round's prompts, this rank's share encoded. A record whose media fail to encode only now (a video
+        decoder, an image the load-time checks passed: :class:`MediaError`) is skipped at this step with its reason
+        (``skipped.jsonl``), never drawn again, and replaced by a fresh draw; every rank learns which failed, so all
+        replace the same. After ``MAX_REDRAWS`` rounds of failures the step fails with the reasons."""
+        why: dict[int, str] = {}
+        for _ in range(MAX_REDRAWS):
+            prompts: list[EncodedPrompt | None] = [None] * len(idx)
+            failed: dict[int, str] = {}
+            for b in mine:
+                try:
+                    prompts[b] = self.encode(self.data[idx[b]])
+                except MediaError as e:
+                    failed[b] = str(e)
+            failed = {b: w for part in self.dist.gather(failed) for b, w in part.items()}
+            if not failed:
+                return idx, prompts
+            new = {idx[b]: w for b, w in failed.items() if idx[b] not in self.bad}
+            self.bad |= set(new)
+            why |= new
+            self._log_skipped(new)
+            fresh = iter(self.sampler.select(len(failed)))
+            idx = [next(fresh) if b in failed else i for b, i in enumerate(idx)]
+        raise RuntimeError(
+            f"step {self.step}: records kept failing to encode in {MAX_REDRAWS} draws ({len(self.bad)} bad so far, "
+            f"e.g. {next(iter(why.values()), '?')}); see {self.skipped_path or 'skipped.jsonl'} and fix the data"
+        )
+
+    def _log_skipped(self, failed: dict[int, str]) -> None:
+        """Append the records that failed to encode to ``skipped.jsonl`` (rank 0), as the load-time checks do."""
+        if not failed or self.skipped_path is None or not self.dist.is_main:
+            return
+        with self.skipped_path.open("a") as f:
+            for i, reason in failed.items():
+                row = {"where": f"step {self.step} encode", "id": self.data[i].id, "kind": "encode_failed"}
+                f.write(json.dumps(row | {"reason": reason}) + "\n")
 
     def _timed(
         self, score: Callable[..., tuple[torch.Tensor, list]], *args: Any

@@ -180,6 +180,7 @@ class Trainer:
             self.dist,
             render_root=self.out / "renders",
             episode_root=self.out / "episodes",
+            skipped_path=self.out / "skipped.jsonl",
         )
         self.validator = Validator(cfg, eval_data, self.collector, out_dir=self.out)
         self._reward_counts: dict[str, int] = {}
