@@ -354,6 +354,13 @@ class TrainConfig:
         "wait (writing a checkpoint, the last evaluation batch); NCCL's own default is 600 s",
         3600.0,
     )
+    image_check_every: int = opt(
+        "check at step 1 and every N steps (0 = off) that the media reach the policy and the rollout engine: a few "
+        "rows with images or videos are scored with their media and with the media blanked, sanity/* is logged, and "
+        "the run stops when the media change nothing (mmrl/train/image_check.py)",
+        50,
+    )
+    image_check_rows: int = opt("rows with media the image check scores (train.image_check_every)", 4)
 
 
 @dataclass

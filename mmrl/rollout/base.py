@@ -60,5 +60,11 @@ class RolloutEngine(ABC):
         """Release what the engine holds (processes, process groups); idempotent. Called on every rank at the end."""
         return None
 
+    def score(self, contexts: list, tails: list[int]) -> list[list[float]] | None:
+        """The engine's own log-probs of the last ``tails[i]`` tokens of each context (a whole trajectory), for the
+        image check (:mod:`mmrl.train.image_check`); None where the engine's scoring is the policy's (HF: it samples
+        with the policy itself, so the policy's check covers it)."""
+        return None
+
 
 ENGINES: Registry[type[RolloutEngine]] = Registry("rollout engine")

@@ -14,6 +14,9 @@ It keeps the HF engine's contract, so the trainer cannot tell the two apart exce
   support excludes :attr:`Policy.suppressed_token_ids`). Greedy (temperature 0) scores the masked logits at
   temperature 1, as the HF engine does. Under top-k/top-p vLLM renormalises over the kept tokens while the training
   forward does not, so the engine warns and ``algo.old_logprobs: recompute`` is the consistent choice there.
+- **Scoring** given tokens (:meth:`VLLMEngine.score`, for the image check of :mod:`mmrl.train.image_check`): vLLM's
+  prompt log-probs of a whole trajectory, its response included (raw ``log_softmax``: prompt tokens skip the
+  sampling processors).
 - **Stops**: ``ignore_eos`` with ``stop_token_ids = policy.eos_ids`` stops on exactly the policy's stop set, and the
   stop token stays in ``token_ids`` (finish_reason ``stop``), as in the HF engine.
 - **Seeds**: each request's seed is drawn from torch's global generator, so a seeded run repeats, and a resumed run
@@ -273,21 +276,48 @@ class VLLMEngine(RolloutEngine):
             prompts, seeds, own = _group_requests(self._tp, prompts, seeds)
         if not prompts:
             return []
-        if self._asleep:
-            _release_cached_blocks()
-            self.llm.wake_up()
-            self._asleep = False
         requests = [_request(p, self.policy.tokenizer) for p in prompts]
         sampling = [self._sampling_params(params, seed) for seed in seeds]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        if self.sleep_mode:
-            self.llm.sleep(level=1)
-            self._asleep = True
+        outputs = self._run(requests, sampling)
         groups = []
         for p, out in zip(prompts[own], outputs[own]):
             _check_expansion(p, out.prompt_token_ids)
             groups.append([self._completion(o) for o in sorted(out.outputs, key=lambda o: o.index)])
         return groups
+
+    def score(self, contexts: list[EncodedPrompt], tails: list[int]) -> list[list[float]]:
+        """The engine's log-probs of the last ``tails[i]`` tokens of each of ``contexts`` (a trajectory's
+        :meth:`~mmrl.rollout.episodes.Trajectory.context`, its response included), read from vLLM's prompt log-probs
+        of the whole sequence: one prefill, nothing sampled but one token. They are ``log_softmax`` of the plain
+        logits (prompt tokens skip vLLM's sampling processors: no temperature, no vision-placeholder mask), which is
+        all the image check (:mod:`mmrl.train.image_check`) needs to compare the engine's scoring with and without
+        its media. Every member of a tensor-parallel group must call it, as :meth:`generate`."""
+        own = slice(0, len(contexts))
+        if self._tp is not None:  # the tails travel with the prompts as generate's seeds do
+            contexts, tails, own = _group_requests(self._tp, contexts, list(tails))
+        if not contexts:
+            return []
+        requests = [_request(p, self.policy.tokenizer) for p in contexts]
+        params = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outputs = self._run(requests, params)
+        scored = []
+        for p, n, out in zip(contexts[own], tails[own], outputs[own]):
+            _check_expansion(p, out.prompt_token_ids)
+            ids, lps = out.prompt_token_ids, out.prompt_logprobs
+            scored.append([lps[j][ids[j]].logprob for j in range(len(ids) - n, len(ids))])
+        return scored
+
+    def _run(self, requests: list[dict[str, Any]], sampling: Any) -> list[Any]:
+        """``llm.generate`` woken from sleep and put back to sleep after (``sleep_mode``)."""
+        if self._asleep:
+            _release_cached_blocks()
+            self.llm.wake_up()
+            self._asleep = False
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        if self.sleep_mode:
+            self.llm.sleep(level=1)
+            self._asleep = True
+        return outputs
 
     def _sampling_params(self, params: SamplingParams, seed: int) -> Any:
         greedy = params.temperature <= 0

@@ -135,6 +135,7 @@ def check_numbers(cfg: Config) -> None:
         "algo.mini_batches": cfg.algo.mini_batches,
         "model.logits_chunk_tokens": cfg.model.logits_chunk_tokens,
         "train.prompt_cache_mb": cfg.train.prompt_cache_mb,
+        "train.image_check_rows": cfg.train.image_check_rows,
     }
     for name, v in positive.items():
         if v < 1:
@@ -143,6 +144,10 @@ def check_numbers(cfg: Config) -> None:
         raise ConfigError("rollout: temperature must be >= 0, top_p in (0, 1], top_k >= 0")
     if cfg.optim.lr <= 0:
         raise ConfigError(f"optim.lr must be positive, got {cfg.optim.lr}")
+    if cfg.train.image_check_every < 0:
+        raise ConfigError(
+            f"train.image_check_every must be >= 0 (0 = off), got {cfg.train.image_check_every}"
+        )
     if cfg.train.dist_timeout_s <= 0:
         raise ConfigError(f"train.dist_timeout_s must be positive, got {cfg.train.dist_timeout_s}")
 

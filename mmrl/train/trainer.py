@@ -49,6 +49,7 @@ from mmrl.samplers import SAMPLERS
 from mmrl.train import step_stats
 from mmrl.train.checks import check_config
 from mmrl.train.collect import ROLLOUTS_LOGGED, Collected, Collector
+from mmrl.train.image_check import ImageCheck
 from mmrl.train.rollout_log import append_rollouts, rollout_rows
 from mmrl.train.update import PolicyUpdate, RolloutBatch, micro_batches
 from mmrl.train.validation import Validator
@@ -169,6 +170,7 @@ class Trainer:
             cfg, self.policy, self.opt, self.sched, self._train_temperature(), self.dist
         )
         self.mismatch: dict[str, float] = {}  # rollout vs recomputed pi_old, set by make_batch
+        self.image_check = ImageCheck(cfg, self.policy, self.engine, self._train_temperature())
         self.collector = Collector(
             cfg,
             self.train_data,
@@ -238,6 +240,8 @@ class Trainer:
                     )  # timed inside: sample, encode, rollout, reward
                     with self.stage("old_logprobs"):
                         batch = self.make_batch(got)
+                    with self.stage("image_check"):  # the media reach the policy and the engine
+                        sanity = self.image_check(batch, self.step + 1)
                     with self.stage("ref_logprobs"):
                         batch.ref_logp = self.reference_logprobs(batch) if cfg.algo.kl_coef > 0 else None
                     got.resolve()  # rewards scored meanwhile (train.overlap_rewards): the wait is time/reward
@@ -254,7 +258,7 @@ class Trainer:
                         **update_stats,
                         **adv_stats,
                     }
-                    metrics |= self.mismatch
+                    metrics |= self.mismatch | sanity
                     self.last_kl = (
                         metrics["kl"] if cfg.algo.kl_coef > 0 else None
                     )  # read by MSSR's forgetting
