@@ -55,14 +55,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
     _exit_cleanly_on_sigterm()  # a scheduler's kill stops the run through fit's cleanup (reward workers, logs)
     trainer.fit()
     trainer.close()  # every rank done: engine down, then leave the process group together (not at exit)
-    if not trainer.dist.is_main:
-        return 0
-    summary = write_report(args.output_dir)
-    if "start_accuracy" in summary:
-        print(
-            f"held-out accuracy: start {summary['start_accuracy']:.3f} -> final {summary['final_accuracy']:.3f}"
-        )
-    print(f"report: {summary['html']}  {summary['markdown']}  plot: {summary['plot']}")
+    if trainer.dist.is_main:
+        summary = write_report(args.output_dir)
+        if "start_accuracy" in summary:
+            print(
+                f"held-out accuracy: start {summary['start_accuracy']:.3f} -> final {summary['final_accuracy']:.3f}"
+            )
+        print(f"report: {summary['html']}  {summary['markdown']}  plot: {summary['plot']}")
+    trainer.dist.exit(0)  # a launched rank ends here, without the interpreter's teardown (Dist.exit says why)
     return 0
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -85,9 +86,7 @@ class Dist:
             self.rank, self.world, self.device = state.process_index, state.num_processes, state.device
             if not _serves_cpu(torch.distributed.distributed_c10d._get_default_group()):
                 self.host_group = torch.distributed.new_group(backend="gloo", timeout=timeout)
-            # a process group left to interpreter teardown can abort the process at exit ("terminate called
-            # without an active exception": gloo's threads still hold tensors); destroy it while Python is alive
-            atexit.register(_destroy_process_group)
+            atexit.register(_destroy_process_group)  # for a process that ends without close()
 
     @property
     def is_main(self) -> bool:
@@ -149,12 +148,36 @@ class Dist:
             torch.distributed.barrier(group=self.host_group)
 
     def close(self) -> None:
-        """After a run that ended normally on every rank: meet, then destroy the process groups while Python is
-        alive (a gloo group torn down while another rank still talks to it, or at interpreter exit, can abort the
-        process: "terminate called without an active exception")."""
+        """After a run that ended normally on every rank: meet (no rank leaves while another still talks to it),
+        then unregister the process groups. Their C++ objects live on while a model (DDP's reducer, FSDP's mesh)
+        holds them; :meth:`exit` ends the process safely with them."""
         if self.active and torch.distributed.is_initialized():
             self.barrier()
             _destroy_process_group()
+
+    def exit(self, code: int = 0) -> None:
+        """The end of a launched process whose work is done: :meth:`close` (if not yet), the ``atexit`` handlers
+        and a flush of the standard streams while Python is whole, then ``os._exit(code)``, without the
+        interpreter's teardown. Returns at once without a launcher (no collective threads: the caller ends the
+        process as usual).
+
+        Why: gloo's worker threads let go of a finished collective's work (and of the tensors in it) a moment after
+        the collective has returned, and a barrier's work even keeps the works that were still in progress when it
+        was queued. Dropping the last reference to a tensor that Python has let go of needs the GIL (torch keeps
+        the tensor's Python object alive while C++ holds the tensor). Once the interpreter has begun to finalize,
+        CPython ends any other thread that asks for the GIL with ``pthread_exit``, whose forced unwinding meets
+        that ``noexcept`` destructor: ``std::terminate``, "terminate called without an active exception", SIGABRT,
+        after a run that had finished (core dump of a 2-process LoRA run: ``ProcessGroupGloo::runLoop`` ->
+        ``~AsyncBarrierWork`` -> ``~AsyncAllgatherWork`` -> ``TensorImpl::decref_pyobject`` -> ``take_gil`` ->
+        ``pthread_exit``). Neither the barrier nor ``destroy_process_group`` (the groups outlive it inside the
+        model: DDP's reducer, FSDP's mesh) closes that window; not finalizing does."""
+        if not self.active:
+            return
+        self.close()
+        atexit._run_exitfuncs()  # what the interpreter would run at exit (logging's flush, multiprocessing's)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
     def replicate(self, module: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel:
         """``module`` under torch's DDP, summing gradients over the ranks. The weights are not broadcast (every rank

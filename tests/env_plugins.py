@@ -1,11 +1,13 @@
 """Envs a user would write in their own module, registered on import; pool workers import this module again by name
 (pytest puts tests/ on sys.path, which workers inherit) or by file. Used by tests/test_envs.py.
 
-``counter``: each action is a command: ``add K`` adds K to the total; ``hang S`` sleeps S seconds; ``crash`` kills
-the worker (``os._exit(3)``); ``raise`` raises; ``spawn`` starts a ``sleep 60`` child and reports its pid; anything
-else is an invalid action. The episode ends after ``limit`` valid steps with reward = total. Every result's info
-says which process and sample it came from, so tests can check the routing. Its oracle says ``add 1``; the
-sample's metadata ``oracle`` makes it have none (``"none"``), raise (``"raise"``) or hang (``"hang"``, 30 s).
+``counter``: each action is a command: ``add K`` adds K to the total; ``hang S`` sleeps S seconds; ``meet DIR N``
+leaves a mark in DIR and waits (up to 15 s) until N episodes have left theirs, its info saying how many it saw (a
+barrier: all N see N only when their steps run at the same time); ``crash`` kills the worker (``os._exit(3)``);
+``raise`` raises; ``spawn`` starts a ``sleep 60`` child and reports its pid; anything else is an invalid action.
+The episode ends after ``limit`` valid steps with reward = total. Every result's info says which process and sample
+it came from, so tests can check the routing. Its oracle says ``add 1``; the sample's metadata ``oracle`` makes it
+have none (``"none"``), raise (``"raise"``) or hang (``"hang"``, 30 s).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ class CounterEnv(Env):
         info = {"pid": os.getpid(), "sample": self.sample_id}
         if cmd == "hang":
             time.sleep(float(arg))
+        elif cmd == "meet":
+            folder, _, n = arg.rpartition(" ")
+            info["met"] = _meet(Path(folder), self.sample_id, int(n))
         elif cmd == "crash":
             os._exit(3)
         elif cmd == "raise":
@@ -75,6 +80,15 @@ class CounterEnv(Env):
         for child in self.children:
             child.kill()
             child.wait()
+
+
+def _meet(folder: Path, name: str, n: int, timeout_s: float = 15.0) -> int:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(folder.iterdir())) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return len(list(folder.iterdir()))
 
 
 @register_env("test_counter_volatile")

@@ -56,7 +56,7 @@ with pol.training():
 if dist.is_main:
     torch.save({"weights": {k: v.detach().clone() for k, v in pol.model.state_dict().items()}, "stats": stats},
                f"{out}/result-{world}.pt")
-dist.close()  # as the trainer ends: meet, then destroy the groups while Python is alive
+dist.exit()  # as `mmrl train` ends a launched rank: meet, destroy the groups, leave without interpreter teardown
 """
 
 
@@ -120,3 +120,39 @@ def test_two_process_run_resumes_exactly_and_matches_one_process_where_it_must(t
     assert (ck / "rng.pt").is_file() and (ck / "rng-1.pt").is_file()  # each process's generators
     assert json.loads((ck / "state.json").read_text())["sampler"]["seen"]  # VADE's state, global
     assert not list((tmp_path / "full").glob("*rank*"))  # rank 1 wrote no logs of its own
+
+
+TEARDOWN_WORKER = r"""
+import atexit, sys
+from pathlib import Path
+from mmrl.distributed import Dist
+
+out = Path(sys.argv[1])
+dist = Dist()
+dist.gather({"rank": dist.rank})  # collectives on tensors: gloo's threads let go of them after they return
+atexit.register((out / f"atexit-{dist.rank}").touch)
+
+
+class Teardown:  # freed only by the interpreter's teardown
+    def __del__(self, touch=(out / f"teardown-{dist.rank}").touch):
+        touch()
+
+
+kept = Teardown()
+dist.exit()
+raise AssertionError("Dist.exit returned")
+"""
+
+
+def test_a_launched_rank_ends_after_its_atexit_handlers_without_interpreter_teardown(tmp_path):
+    """The teardown abort ("terminate called without an active exception", SIGABRT, after a finished run): in the
+    interpreter's teardown a gloo worker thread that still holds a finished collective's tensors asks for the GIL
+    to drop them, CPython ends it with pthread_exit, and the forced unwinding meets a noexcept destructor
+    (core dump: ProcessGroupGloo::runLoop -> ~AsyncBarrierWork -> ~AsyncAllgatherWork -> decref_pyobject ->
+    take_gil -> pthread_exit -> std::terminate). A rank ends with Dist.exit instead: the atexit handlers run,
+    the teardown does not."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(TEARDOWN_WORKER)
+    torchrun(2, str(worker), str(tmp_path), cwd=tmp_path)
+    assert (tmp_path / "atexit-0").exists() and (tmp_path / "atexit-1").exists()  # the handlers ran
+    assert not list(tmp_path.glob("teardown-*"))  # the interpreter's teardown did not

@@ -173,12 +173,15 @@ def test_episodes_run_in_parallel_across_workers_and_results_reach_their_episode
         assert (tmp_path / "e0").is_dir()  # each episode's workdir
 
 
-def test_sleep_in_parallel_takes_the_time_of_one_worker(tmp_path):
-    with EnvPool(tmp_path, workers=2, timeout_s=20) as pool:
+def test_steps_on_two_workers_run_at_the_same_time(tmp_path):
+    """Each step waits (up to 15 s) at a barrier until both have reached it: both get through only if the workers
+    run them at once (one after the other, the first gives up alone). No duration is measured: a loaded machine
+    slows the steps but cannot make them meet."""
+    with EnvPool(tmp_path / "pool", workers=2, timeout_s=30) as pool:
         pool.reset(_episodes(2))  # one per worker
-        t0 = time.monotonic()
-        pool.step({"e0": "hang 1", "e1": "hang 1"})
-        assert time.monotonic() - t0 < 1.8
+        out = pool.step({e: f"meet {tmp_path / 'barrier'} 2" for e in ("e0", "e1")})
+        assert out["e0"].info["pid"] != out["e1"].info["pid"]
+        assert [out[e].info["met"] for e in ("e0", "e1")] == [2, 2]
 
 
 def test_hung_step_times_out_and_the_other_episodes_are_replayed(tmp_path):

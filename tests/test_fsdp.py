@@ -58,7 +58,7 @@ weights = pol.full_state_dict() if shard else pol.model.state_dict()
 if dist.is_main:
     torch.save({"weights": {k: v.detach().clone() for k, v in weights.items()}, "stats": stats},
                f"{out}/result-{world}-{sys.argv[4]}.pt")
-dist.close()  # as the trainer ends: meet, then destroy the groups while Python is alive
+dist.exit()  # as mmrl train ends: meet, the atexit handlers, then out without the interpreter teardown (Dist.exit)
 """
 
 

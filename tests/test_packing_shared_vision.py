@@ -183,7 +183,7 @@ with open(f"{out}/calls-{dist.world}-{mode}-{dist.rank}.json", "w") as f:
 if dist.is_main:
     torch.save({"weights": {k: v.detach().clone() for k, v in weights.items()}, "stats": stats},
                f"{out}/result-{dist.world}-{mode}.pt")
-dist.close()
+dist.exit()
 """
 
 

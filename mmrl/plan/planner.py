@@ -467,7 +467,7 @@ def preflight(cfg: Config, *, force: bool = False) -> Plan | None:
     if not would_use_cuda(cfg):
         return None
     try:
-        p = plan_run(cfg, _this_machine())
+        p = plan_run(cfg, _this_machine(cfg))
     except ConfigNotLocal as e:
         import logging
 
@@ -481,12 +481,29 @@ def preflight(cfg: Config, *, force: bool = False) -> Plan | None:
     )
 
 
-def _this_machine() -> PlanOptions:
+def _this_machine(cfg: Config) -> PlanOptions:
     import os
 
     import torch
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    memory = torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else None
+    memory = None
+    if torch.cuda.is_available():
+        # the total from the device's properties, which open no CUDA context (cudaMemGetInfo opens one)
+        memory = torch.cuda.get_device_properties(_own_gpu(cfg)).total_memory / GIB
     return PlanOptions(gpus=local, nodes=max(1, world // local), gpu_memory_gib=memory)
+
+
+def _own_gpu(cfg: Config) -> int:
+    """The GPU this process will train on, named explicitly: pre-flight runs before the launcher's rank has set its
+    device, and a query of the current one (cuda:0 until then) would touch GPU 0 from every rank. The config's
+    ``cuda:N``, else the launcher's local rank modulo the visible GPUs (as accelerate sets each process's device)."""
+    import os
+
+    import torch
+
+    index = torch.device(cfg.model.device).index if cfg.model.device.startswith("cuda") else None
+    if index is not None:
+        return index
+    return int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
