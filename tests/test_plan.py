@@ -338,3 +338,23 @@ def test_plan_agrees_with_torchs_accounting_of_a_3b_training_step():
     args = argparse.Namespace(arch="3b", micro_batch=1, tokens=64, max_pixels=200704, lora=0)
     for name, planned, measured in bench.compare(args, True):
         assert 1 / 1.15 <= planned / measured <= 1.15, (name, planned / GIB, measured / GIB)
+
+
+def test_the_plan_reads_the_records_the_loader_keeps(tmp_path):
+    """Hostile lines in data.train (not UTF-8, not JSON, a list, a string for images) do not crash the plan's count
+    of media per prompt, and a record over data.max_images_per_record (left out by the loader) does not size it."""
+    import json
+
+    from mmrl.plan.memory import _media_per_prompt
+
+    train = tmp_path / "train.jsonl"
+    good = json.dumps({"id": "a", "prompt": "x", "images": ["1.png", "2.png"], "videos": ["v.mp4"]})
+    with train.open("wb") as f:
+        f.write(b"\xff\xfe not utf-8\n")
+        f.write(b"{not json\n")
+        f.write(b"[1, 2]\n")
+        f.write(json.dumps({"id": "b", "images": "one.png"}).encode() + b"\n")
+        f.write(json.dumps({"id": "c", "images": [f"{i}.png" for i in range(300)]}).encode() + b"\n")
+        f.write(good.encode() + b"\n")
+    assert _media_per_prompt(str(train), max_images=64) == (2, 1)
+    assert _media_per_prompt(str(train)) == (300, 1)

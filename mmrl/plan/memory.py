@@ -272,7 +272,7 @@ def hardware(cfg: Config, opts: PlanOptions) -> Hardware:
 
 
 def sequence(cfg: Config, shapes: ModelShapes, opts: PlanOptions) -> Sequence:
-    images, videos = _media_per_prompt(cfg.data.train)
+    images, videos = _media_per_prompt(cfg.data.train, max_images=cfg.data.max_images_per_record)
     images = images if opts.images is None else opts.images
     videos = videos if opts.videos is None else opts.videos
     m = cfg.model
@@ -312,17 +312,29 @@ def sequence(cfg: Config, shapes: ModelShapes, opts: PlanOptions) -> Sequence:
     )
 
 
-def _media_per_prompt(train: str, limit: int = 1000) -> tuple[int, int]:
-    """The most images and videos one record of ``data.train`` holds (a .jsonl that exists), else one image."""
+def _media_per_prompt(train: str, limit: int = 1000, max_images: int | None = None) -> tuple[int, int]:
+    """The most images and videos one usable record of ``data.train`` holds (a .jsonl that exists), else one image.
+    Lines the loader would skip (not UTF-8, not one JSON object, lists where lists belong not) are passed over here
+    too, and a record over ``max_images`` (``data.max_images_per_record``) is one the loader leaves out, so the plan
+    is of the records that train."""
     path = Path(train) if train else None
     if path is None or path.suffix != ".jsonl" or not path.is_file():
         return 1, 0
     images = videos = 0
-    with path.open() as f:
-        for _, line in zip(range(limit), f):
-            rec = json.loads(line) if line.strip() else {}
-            images = max(images, len(rec.get("images") or []))
-            videos = max(videos, len(rec.get("videos") or []))
+    with path.open("rb") as f:
+        for _, raw in zip(range(limit), f):
+            try:
+                rec = json.loads(raw.decode("utf-8")) if raw.strip() else {}
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                continue
+            if not isinstance(rec, dict):
+                continue
+            ims, vids = rec.get("images") or [], rec.get("videos") or []
+            if not isinstance(ims, list) or not isinstance(vids, list):
+                continue
+            if max_images is not None and len(ims) > max_images:
+                continue
+            images, videos = max(images, len(ims)), max(videos, len(vids))
     return images, videos
 
 
