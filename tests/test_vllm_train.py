@@ -24,7 +24,8 @@ import torch
 from multiproc import BASE_ENV, WALL_CLOCK, shapes_run_config, torchrun
 
 from mmrl.config import ConfigError, LoraConfig, ModelConfig, load_config
-from mmrl.model.policy import Policy, _checkpoint_layout
+from mmrl.model.checkpoint_files import checkpoint_layout
+from mmrl.model.policy import Policy
 from mmrl.model.prompt import EncodedPrompt
 from mmrl.rollout import ENGINES
 from mmrl.rollout import vllm as vllm_engine
@@ -241,7 +242,7 @@ def test_streamed_weights_come_one_at_a_time_in_the_engine_dtype_with_lora_merge
     monkeypatch.setattr(pol.model, "state_dict", lambda: Recording(state))
     merged = pol.merged_state_dict(dict(state))
     # the engine gets the checkpoint's names (save_pretrained's layout: Qwen2.5-VL's visual.*, model.layers.*)
-    saved = [n for n, _ in _checkpoint_layout(pol.model, merged.items())]
+    saved = [n for n, _ in checkpoint_layout(pol.model, merged.items())]
     assert len(saved) == len(merged) and "visual.patch_embed.proj.weight" in saved
     in_memory = dict(zip(saved, merged))
     seen = []

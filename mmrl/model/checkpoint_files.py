@@ -1,18 +1,24 @@
 """A checkpoint's own files, read without loading the model: where a model path resolves to (a local folder, the
 repository's, or the HF cache, never the network), its ``model_type`` and processor geometry, and the
 :class:`ModelView` that code holding only the original image (reports, scorers, data builders) rebuilds from a run's
-model settings."""
+model settings; and a model's weights named and shaped as its checkpoint stores them (:func:`checkpoint_layout`), which
+an engine that loads checkpoints (vLLM) is handed."""
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, is_dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mmrl.model.geometry import VisionGeometry, vision_geometry
 from mmrl.processors.geometry import DEFAULT_FRAME, coordinate_frame, original_to_frame, smart_resize
+
+if TYPE_CHECKING:
+    import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,3 +119,30 @@ class ModelView(NamedTuple):
     def to_frame(self, x: float, y: float, width: int, height: int) -> tuple[float, float]:
         """Original pixels of a ``width x height`` image as a point in the model's frame."""
         return original_to_frame(x, y, self.frame, (width, height), self.model_size(width, height))
+
+
+def checkpoint_layout(
+    model: Any, items: Iterable[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``items`` (in-memory names) in the checkpoint's layout, as ``save_pretrained`` writes it: transformers 5
+    converts some families' weights on loading (LLaVA-OneVision's ``vision_tower.vision_model.*`` lives in memory as
+    ``model.vision_tower.*``) and reverts the conversion on saving (``revert_weight_conversion``); an engine that
+    loads checkpoints (vLLM) expects the saved layout. Reverted tensor by tensor, so nothing is gathered; a tensor
+    whose conversion needs others (none of the supported families has one) keeps its in-memory name. Weights whose
+    release layout is transposed (:func:`mmrl.model.layout.release_transposes`: Qwen3-VL-MoE's experts) are transposed
+    here, since transformers' revert leaves them as they are in memory."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    from mmrl.model.layout import release_transposes
+
+    transposes = [(re.compile(p), d0, d1) for p, d0, d1 in release_transposes(model)]
+    for key, tensor in items:
+        try:
+            reverted = revert_weight_conversion(model, {key: tensor}).items()
+        except Exception:  # noqa: BLE001  (a many-to-one conversion: the engine gets the in-memory name)
+            reverted = [(key, tensor)]
+        for name, t in reverted:
+            for pattern, d0, d1 in transposes:
+                if pattern.search(name) and t.shape == model.get_parameter(key).shape:
+                    t = t.transpose(d0, d1).contiguous()
+            yield name, t

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from mmrl.config import ModelConfig
-from mmrl.model.checkpoint_files import resolve_model_path
+from mmrl.model.checkpoint_files import checkpoint_layout, resolve_model_path
 from mmrl.model.logprobs import selective_logprobs
 from mmrl.model.lora import add_lora, lora_layers, lora_owner, merge_lora
 from mmrl.model.prompt import EncodedPrompt, opened_think, padded, seq_keys
@@ -724,7 +724,7 @@ class Policy:
                 (k, v.detach() if gather_dtype(k) is None else v.detach().to(gather_dtype(k)))
                 for k, v in self.model.state_dict().items()
             )
-        return _checkpoint_layout(self.model, merge_lora(items, lora, dtype))
+        return checkpoint_layout(self.model, merge_lora(items, lora, dtype))
 
     def merged_state_dict(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """The model's weights in the plain HF layout as one dict (a merged checkpoint), from ``state`` (a sharded
@@ -761,33 +761,6 @@ class Policy:
                 self.model.save_pretrained(path, state_dict=self.merged_state_dict(state_dict))
             return
         self.model.save_pretrained(path, **({} if state_dict is None else {"state_dict": state_dict}))
-
-
-def _checkpoint_layout(
-    model: Any, items: Iterable[tuple[str, torch.Tensor]]
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """``items`` (in-memory names) in the checkpoint's layout, as ``save_pretrained`` writes it: transformers 5
-    converts some families' weights on loading (LLaVA-OneVision's ``vision_tower.vision_model.*`` lives in memory as
-    ``model.vision_tower.*``) and reverts the conversion on saving (``revert_weight_conversion``); an engine that
-    loads checkpoints (vLLM) expects the saved layout. Reverted tensor by tensor, so nothing is gathered; a tensor
-    whose conversion needs others (none of the supported families has one) keeps its in-memory name. Weights whose
-    release layout is transposed (:func:`mmrl.model.layout.release_transposes`: Qwen3-VL-MoE's experts) are transposed
-    here, since transformers' revert leaves them as they are in memory."""
-    from transformers.core_model_loading import revert_weight_conversion
-
-    from mmrl.model.layout import release_transposes
-
-    transposes = [(re.compile(p), d0, d1) for p, d0, d1 in release_transposes(model)]
-    for key, tensor in items:
-        try:
-            reverted = revert_weight_conversion(model, {key: tensor}).items()
-        except Exception:  # noqa: BLE001  (a many-to-one conversion: the engine gets the in-memory name)
-            reverted = [(key, tensor)]
-        for name, t in reverted:
-            for pattern, d0, d1 in transposes:
-                if pattern.search(name) and t.shape == model.get_parameter(key).shape:
-                    t = t.transpose(d0, d1).contiguous()
-            yield name, t
 
 
 class _Scoring(torch.nn.Module):
