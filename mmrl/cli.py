@@ -53,7 +53,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"{e}: nothing to do")
         return 0
     _exit_cleanly_on_sigterm()  # a scheduler's kill stops the run through fit's cleanup (reward workers, logs)
-    trainer.fit()
+    try:
+        trainer.fit()
+    except (
+        BaseException
+    ) as e:  # a launched rank ends here: its error first, the lost peers named, no hang at exit
+        trainer.dist.fail(e, brief=isinstance(e, _user_errors()))
+        raise
     trainer.close()  # every rank done: engine down, then leave the process group together (not at exit)
     if trainer.dist.is_main:
         summary = write_report(args.output_dir)
@@ -241,11 +247,17 @@ def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(fn=_cmd_plan)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _user_errors() -> tuple[type[Exception], ...]:
+    """The errors that name a record, a setting or a file and their fix: printed as one line, exit code 2."""
     from mmrl.config import ConfigError
     from mmrl.data import DataError
     from mmrl.eval.base import EvalError
     from mmrl.processors.errors import MediaError
+
+    return (ConfigError, DataError, MediaError, EvalError, FileNotFoundError)
+
+
+def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -256,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]  # key=value overrides may follow --options
     try:
         return int(args.fn(args) or 0)
-    except (ConfigError, DataError, MediaError, EvalError, FileNotFoundError) as e:
+    except _user_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -40,12 +40,19 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 from datetime import timedelta
 from typing import Any
 
 import torch
 
 DEFAULT_TIMEOUT_S = 3600.0
+
+
+def launched() -> bool:
+    """Whether a launcher (torchrun, accelerate) started this process: what vLLM's ``external_launcher`` executor
+    reads (its rank, its device ``cuda:LOCAL_RANK``, the group's rendezvous)."""
+    return all(k in os.environ for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def _destroy_process_group() -> None:
@@ -74,6 +81,7 @@ class Dist:
         self.rank = 0
         self.device: torch.device = torch.device("cpu")
         self.host_group: Any = None  # None: the default group serves host tensors itself
+        self.peers: list[tuple[str, int]] = []  # every rank's (machine, pid), read once at the start
         # a launcher (torchrun, accelerate) exports these; it gets a process group even for one process, so that
         # `torchrun --nproc_per_node 1` runs every collective, DDP and FSDP2 on the real backend (the GPU check)
         self.active = self.world > 1 or all(k in os.environ for k in ("RANK", "MASTER_ADDR", "MASTER_PORT"))
@@ -87,6 +95,7 @@ class Dist:
             if not _serves_cpu(torch.distributed.distributed_c10d._get_default_group()):
                 self.host_group = torch.distributed.new_group(backend="gloo", timeout=timeout)
             atexit.register(_destroy_process_group)  # for a process that ends without close()
+            self.peers = _announce(self.rank, self.world)
 
     @property
     def is_main(self) -> bool:
@@ -179,6 +188,56 @@ class Dist:
         sys.stderr.flush()
         os._exit(code)
 
+    def lost_peers(self) -> list[int]:
+        """The ranks on this machine whose process has ended (gone, or a zombie its launcher has not reaped yet).
+        Ranks on other machines cannot be checked from here and are never listed."""
+        me = _machine()
+        return [
+            r
+            for r, (machine, pid) in enumerate(self.peers)
+            if r != self.rank and machine == me and _ended(pid)
+        ]
+
+    def fail(self, exc: BaseException, *, brief: bool = False) -> None:
+        """The end of a launched rank whose run raised (docs/scaling.md#when-a-rank-fails): the traceback, then one
+        line naming this rank, the error and the ranks on this machine that are already gone (a peer's death reaches
+        the survivors as a backend error, gloo's "Connection closed by peer" or NCCL's, which names no rank), the
+        error written where torchrun's summary reads it (its "Root Cause"), the ``atexit`` handlers, and
+        ``os._exit``. No barrier and no ``destroy_process_group``: a peer may be gone, and a collective with it would
+        wait out the timeout; no interpreter teardown: gloo's threads may still hold work (see :meth:`exit`).
+        ``brief``: an error that names its record or setting and the fix: ``error: ...`` instead of the traceback,
+        exit code 2 (as the command line prints it). Returns at once without a launcher (the caller re-raises)."""
+        if not self.active:
+            return
+        import signal
+        import traceback
+
+        if (
+            threading.current_thread() is threading.main_thread()
+        ):  # the launcher's stop waits until this is written
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        code = 2 if brief else _exit_code(exc)
+        if not (isinstance(exc, SystemExit) and code == 0):
+            if brief:
+                print(f"error: {exc}", file=sys.stderr)
+            else:
+                traceback.print_exception(exc)
+            lost = self.lost_peers()
+            line = f"mmrl: rank {self.rank} of {self.world} stops: {type(exc).__name__}: {exc}"
+            if lost:
+                names = ", ".join(str(r) for r in lost)
+                line += (
+                    f"\nmmrl: rank(s) {names} ended before this one (their own output says why; killed by the system "
+                    "if it says nothing: out of memory?); the run stops here and `--resume` continues from the last "
+                    "checkpoint"
+                )
+            print(line, file=sys.stderr)
+            _record_for_launcher(exc, line, after_peer=bool(lost))
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
     def replicate(self, module: torch.nn.Module) -> torch.nn.parallel.DistributedDataParallel:
         """``module`` under torch's DDP, summing gradients over the ranks. The weights are not broadcast (every rank
         loaded the same checkpoint; fresh LoRA adapters are broadcast by the trainer); parameters that a batch does
@@ -198,6 +257,76 @@ class Dist:
         return ddp
 
 
+def _machine() -> str:
+    """This machine and PID namespace: two ranks compare process ids only where both are the same."""
+    import socket
+
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = ""
+    return f"{socket.gethostname()} {ns}"
+
+
+def _announce(rank: int, world: int) -> list[tuple[str, int]]:
+    """Every rank's (machine, pid) through the process group's store, read once at the start (each rank waits for
+    the others' entries here, as it waits for them to join the group): a failing rank later names the peers that are
+    gone without asking the store, which may have gone with them."""
+    store = torch.distributed.distributed_c10d._get_default_store()
+    store.set(f"mmrl/peer/{rank}", f"{os.getpid()} {_machine()}")
+    peers = []
+    for r in range(world):
+        pid, machine = store.get(f"mmrl/peer/{r}").decode().split(" ", 1)
+        peers.append((machine, int(pid)))
+    return peers
+
+
+def _ended(pid: int) -> bool:
+    """Whether process ``pid`` (on this machine) has ended: gone, or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc: ask the kernel (a zombie counts as alive there)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            pass
+        return False
+
+
+def _exit_code(exc: BaseException) -> int:
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else 1
+    return 130 if isinstance(exc, KeyboardInterrupt) else 1
+
+
+def _record_for_launcher(exc: BaseException, line: str, *, after_peer: bool) -> None:
+    """Write the error where torchrun's agent reads it (``TORCHELASTIC_ERROR_FILE``, the format its
+    ``torch.distributed.elastic.multiprocessing.errors`` module documents), so its summary shows this rank's exception
+    instead of "<N/A>". The agent names as "Root Cause" the failure with the smallest timestamp, in whole seconds,
+    the lowest rank on a tie; a rank whose error followed a lost peer (``after_peer``) is stamped one second later, so
+    the rank that failed first is the root cause even when it has the higher rank."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    import json
+    import time
+    import traceback
+
+    stamp = int(time.time()) + (1 if after_peer else 0)
+    callstack = "".join(traceback.format_exception(exc))
+    data = {"message": {"message": line, "extraInfo": {"py_callstack": callstack, "timestamp": str(stamp)}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError as e:  # the report is extra (the traceback is printed already); the exit must happen
+        print(f"mmrl: could not write torchrun's error file {path}: {e}", file=sys.stderr)
+
+
 def balanced_split(blocks: list[list[int]], costs: list[float], world: int) -> list[list[int]]:
     """:meth:`Dist.balanced` for every rank: ``world`` lists of rows, each in ascending order."""
     capacity = [len(blocks) // world + (r < len(blocks) % world) for r in range(world)]
@@ -209,3 +338,14 @@ def balanced_split(blocks: list[list[int]], costs: list[float], world: int) -> l
         load[r] += costs[b]
         taken[r] += 1
     return [sorted(rows) for rows in out]
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed in place over the default process group when one is initialised, else as it is: for a loss
+    that needs batch-wide sums inside its call (BAPO's bounds search, :mod:`mmrl.algos.offpolicy`), where no
+    :class:`Dist` is at hand. Every rank must call it the same number of times per optimizer step (a loss
+    registered ``collective=True`` gets the ranks' micro-batches padded to the same count by the update), and ``t``
+    must live where the default group moves tensors (the policy's device)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(t)
+    return t

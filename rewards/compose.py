@@ -93,12 +93,14 @@ def _pool_call(
 class _PoolRun:
     """Book-keeping of one heavy reward's batch in the pool: queued chunks (lists of item indices), chunks in
     flight with their deadlines, and the items that must run alone because they were in flight when a worker died
-    (so the one that kills its worker is found)."""
+    (so the one that kills its worker is found). An item fails ("worker process died") only when its worker died
+    with it in flight alone a second time: once could be a kill from outside, which costs the item nothing."""
 
     items: list[RewardInput]
     queue: deque[list[int]]
     inflight: dict[Future, tuple[list[int], float]] = field(default_factory=dict)
     solo: set[int] = field(default_factory=set)
+    deaths: Counter[int] = field(default_factory=Counter)  # worker deaths while a single item was in flight
     results: list[RewardResult | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -124,11 +126,13 @@ class _PoolRun:
         except BrokenProcessPool as exc:
             if len(idx) > 1:
                 self.split(idx)
-            elif alone:
+                return True
+            self.deaths[idx[0]] += 1
+            if alone and self.deaths[idx[0]] > 1:  # it ran alone and its worker died again: the item kills it
                 self.results[idx[0]] = RewardResult(
                     score=0.0, error=f"worker process died: {describe_exception(exc)}"
                 )
-            else:
+            else:  # once more, alone: a worker killed from outside (the OOM killer, an operator) spares the item
                 self.solo.add(idx[0])
                 self.queue.appendleft(idx)
             return True
@@ -278,12 +282,32 @@ class CompositeReward:
         run = _PoolRun(
             items, deque(list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size))
         )
+        broken_at_submit = 0
         while run.queue or run.inflight:
             pool = self._ensure_pool()
             while run.can_submit(self.num_workers):
                 idx = run.queue.popleft()
-                fut = pool.submit(_pool_call, term.ref, term.spec.name, [items[i] for i in idx], term.options)
+                try:
+                    fut = pool.submit(
+                        _pool_call, term.ref, term.spec.name, [items[i] for i in idx], term.options
+                    )
+                except (
+                    BrokenProcessPool
+                ) as exc:  # a worker died while idle (killed from outside): no item's doing
+                    broken_at_submit += 1
+                    if broken_at_submit > 3:  # a pool that cannot take work at all: not a worker's bad luck
+                        raise RuntimeError(
+                            f"reward {term.spec.name!r}: its worker pool broke {broken_at_submit} times in a row "
+                            f"before any work reached it: {describe_exception(exc)}"
+                        ) from exc
+                    run.queue.appendleft(idx)
+                    run.requeue_inflight()
+                    self._kill_pool()
+                    break
+                broken_at_submit = 0
                 run.inflight[fut] = (idx, time.monotonic() + self.timeout_s * len(idx))
+            if not run.inflight:
+                continue
             first_deadline = min(d for _, d in run.inflight.values())
             timeout = max(0.0, first_deadline - time.monotonic())
             done, _ = wait(list(run.inflight), timeout=timeout, return_when=FIRST_COMPLETED)

@@ -159,6 +159,10 @@ class Collector:
             self._pool = EnvPool.for_episodes(root, self.cfg.rollout.episode)
         return self._pool
 
+    def env_stats(self) -> dict[str, int]:
+        """This rank's env pool counters (:meth:`mmrl.envs.EnvPool.stats`); empty before the pool starts."""
+        return self._pool.stats() if self._pool is not None else {}
+
     def run_episodes(
         self, samples: list[Sample], prompts: list[EncodedPrompt], params: SamplingParams
     ) -> list[list[Trajectory]]:

@@ -13,14 +13,22 @@ from mmrl.algos import groups_with_signal
 from mmrl.train.collect import Collected
 
 POOL_COUNTERS = ("cache_hits", "cache_misses", "timeouts", "pool_restarts")
+ENV_COUNTERS = ("failed", "timeouts", "crashes", "restarts", "replays", "lost")  # mmrl.envs.EnvPool.stats
 
 
 def reward_stats(
-    got: Collected, errors: list[dict[str, Any]], pool: dict[str, Any], prev: dict[str, int]
+    got: Collected,
+    errors: list[dict[str, Any]],
+    pool: dict[str, Any],
+    prev: dict[str, int],
+    env: dict[str, int] | None = None,
 ) -> tuple[dict[str, float], dict[str, int]]:
-    """Mean/std reward, each part's mean, the error count and the pool counters' increments since ``prev`` (the
-    reward cache is not checkpointed, so these are per-step process diagnostics under ``sys/``). Returns the stats
-    and the counters to pass as ``prev`` next step."""
+    """Mean/std reward, each part's mean, the error count and this rank's worker counters' increments since
+    ``prev``: the reward pool's (``sys/reward_*``: cache, timeouts, restarts after a worker died) and the env pool's
+    (``sys/env_*``: failed steps, timeouts, crashed workers, restarts, replayed and lost episodes). They are process
+    diagnostics (the reward cache and the workers are not checkpointed), so they live under ``sys/``; the trainer sums
+    them over the ranks. Returns the stats and the counters to pass as ``prev`` next step."""
+    env = env or {}
     scores = got.rewards
     stats: dict[str, float] = {"reward/mean": scores.mean().item(), "reward/std": scores.std().item()}
     parts: dict[str, list[float]] = {}
@@ -29,8 +37,9 @@ def reward_stats(
             parts.setdefault(f"reward/{k}", []).append(float(v))
     stats.update({k: sum(v) / len(v) for k, v in parts.items()})
     stats["reward/errors"] = len(errors)
-    counts = {k: pool[k] for k in POOL_COUNTERS if k in pool}
-    stats |= {f"sys/reward_{k}": v - prev.get(k, 0) for k, v in counts.items()}
+    counts = {f"reward_{k}": pool[k] for k in POOL_COUNTERS if k in pool}
+    counts |= {f"env_{k}": v for k, v in env.items() if k in ENV_COUNTERS}
+    stats |= {f"sys/{k}": float(v - prev.get(k, 0)) for k, v in counts.items()}
     return stats, counts
 
 

@@ -408,7 +408,12 @@ class Trainer:
         """The step's reward and rollout statistics (:mod:`mmrl.train.step_stats`); errors go to reward_errors.jsonl."""
         errors = self.collector.errors
         pool = self.reward.stats() if self.reward is not None else {}
-        stats, self._reward_counts = step_stats.reward_stats(got, errors, pool, self._reward_counts)
+        env = self.collector.env_stats()
+        stats, self._reward_counts = step_stats.reward_stats(got, errors, pool, self._reward_counts, env)
+        counters = self.dist.sum(
+            {k: v for k, v in stats.items() if k.startswith("sys/")}
+        )  # a worker of any rank
+        stats |= counters
         if errors and self.dist.is_main:
             step_stats.write_reward_errors(self.out / "reward_errors.jsonl", self.step, errors)
         return stats | step_stats.rollout_stats(got)

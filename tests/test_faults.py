@@ -1,0 +1,206 @@
+"""Faults under torchrun (2 CPU processes, gloo), injected on one rank by tests/fault_launch.py: a rank SIGKILLed in
+the middle of a step's update (DDP and FSDP2), a rank killed while the checkpoint is written (rank 0 before the
+staging folder is promoted; under FSDP rank 1 after writing its optimizer shard), and a rank that raises (an OOM).
+Each time the job ends within the collective timeout with a non-zero exit code; the surviving rank names the rank that
+is gone; torchrun's summary names the failed rank as the root cause; the last promoted checkpoint is intact and the
+staging folder never promoted; and ``--resume`` continues to the same metrics as an uninterrupted run, row for row."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from multiproc import BASE_ENV, WALL_CLOCK, shapes_run_config, torchrun
+
+from mmrl.run.checkpoint import latest_checkpoint
+from mmrl.run.metrics import read_metrics
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = "6"
+TIMEOUT_S = 120  # train.dist_timeout_s: the bound on how long a survivor may wait for a lost peer
+
+
+def _rows(run: Path) -> list[dict]:
+    return [
+        {k: v for k, v in r.items() if not k.startswith(("time/", "sys/")) and k not in WALL_CLOCK}
+        for r in read_metrics(run / "metrics.jsonl")
+    ]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The shapes run config and each layout's uninterrupted 6-step run (checkpoints every 2 steps)."""
+    tmp = tmp_path_factory.mktemp("faults")
+    cfg = shapes_run_config(tmp, micro_batch_size=4)
+    full = {}
+    for layout, extra in (("ddp", []), ("fsdp", ["train.fsdp=true"])):
+        out = tmp / f"full-{layout}"
+        torchrun(
+            2,
+            "-m",
+            "mmrl",
+            "train",
+            str(cfg),
+            "--output-dir",
+            str(out),
+            "--max-steps",
+            STEPS,
+            *extra,
+            cwd=tmp,
+        )
+        full[layout] = _rows(out)
+    return tmp, cfg, full
+
+
+def _faulty(
+    tmp: Path, cfg: Path, out: Path, fault: str, extra: list[str]
+) -> tuple[subprocess.CompletedProcess, float]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += [str(ROOT / "tests" / "fault_launch.py"), fault, "--", "train", str(cfg), "--output-dir", str(out)]
+    cmd += ["--max-steps", STEPS, f"train.dist_timeout_s={TIMEOUT_S}", *extra]
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=BASE_ENV, timeout=TIMEOUT_S + 120)
+    return r, time.monotonic() - t0
+
+
+def _root_cause(stderr: str) -> str:
+    """torchrun's "Root Cause (first observed failure)" section."""
+    assert "Root Cause (first observed failure)" in stderr, stderr[-3000:]
+    return stderr.split("Root Cause (first observed failure)", 1)[1]
+
+
+@pytest.mark.parametrize(
+    "layout,fault,saved",
+    [
+        ("ddp", "kill:1:3", 2),  # rank 1 dies inside step 3's gradient all-reduce
+        ("fsdp", "kill:1:3", 2),
+        ("ddp", "kill_saving:0:4", 2),  # rank 0 dies with step 4's files written, before the promotion
+        ("fsdp", "kill_saving:1:4", 2),  # rank 1 dies after writing its shard of step 4's optimizer
+    ],
+)
+def test_a_rank_killed_stops_the_job_names_it_and_resume_continues_exactly(runs, layout, fault, saved):
+    tmp, cfg, full = runs
+    extra = ["train.fsdp=true"] if layout == "fsdp" else []
+    out = tmp / f"{layout}-{fault.replace(':', '-')}"
+    r, _ = _faulty(tmp, cfg, out, fault, extra)
+    _, dead, step = fault.split(":")
+    survivor = 1 - int(dead)
+    assert r.returncode != 0  # no silent success
+    # the survivor names the rank that is gone; torchrun's summary puts the killed rank first
+    assert f"mmrl: rank {survivor} of 2 stops" in r.stderr, r.stderr[-3000:]
+    assert f"mmrl: rank(s) {dead} ended before this one" in r.stderr
+    cause = _root_cause(r.stderr)
+    assert f"rank      : {dead} (local_rank: {dead})" in cause and "SIGKILL" in cause, cause
+    ckpts = out / "checkpoints"
+    assert latest_checkpoint(ckpts) == ckpts / f"step-{saved}"  # the last promoted one, nothing newer
+    if fault.startswith("kill_saving"):
+        assert (ckpts / f"step-{step}.tmp").is_dir()  # written, never promoted
+        assert not (ckpts / f"step-{step}").exists()
+    torchrun(
+        2,
+        "-m",
+        "mmrl",
+        "train",
+        str(cfg),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        STEPS,
+        "--resume",
+        *extra,
+        cwd=tmp,
+    )
+    assert _rows(out) == full[layout]  # every step's metrics, the steps before the fault and after the resume
+    assert not list(ckpts.glob("*.tmp"))  # the stale staging folder was replaced and promoted
+
+
+def test_a_rank_that_raises_ends_the_job_with_its_error_first(runs):
+    tmp, cfg, _ = runs
+    r, _ = _faulty(tmp, cfg, tmp / "raise", "raise:1:3", [])
+    assert r.returncode != 0
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 200.00 GiB (injected by the test)"
+    assert oom in r.stderr
+    # the raising rank's error is printed before anything the survivor says about it
+    assert r.stderr.index(oom) < r.stderr.index("mmrl: rank 0 of 2 stops"), r.stderr[-4000:]
+    cause = _root_cause(r.stderr)
+    assert "rank      : 1 (local_rank: 1)" in cause and "OutOfMemoryError" in cause, cause
+    assert (
+        "exitcode  : 1 " in cause
+    )  # ended by its error, not by an abort in the interpreter's teardown (134)
+
+
+def _faulty_finishes(tmp: Path, cfg: Path, out: Path, fault: str, steps: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += [str(ROOT / "tests" / "fault_launch.py"), fault, "--", "train", str(cfg), "--output-dir", str(out)]
+    cmd += ["--max-steps", steps]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=BASE_ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.mark.parametrize("fault", ["kill_reward_worker:1:3", "kill_idle_reward_worker:1:3"])
+def test_a_reward_worker_killed_costs_nothing(tmp_path, fault):
+    """A heavy reward's worker dies on rank 1, mid-chunk or idle between two calls: the pool is rebuilt, what was in
+    flight re-scored, the run finishes with every metric equal to the uninterrupted run's; the restart is counted
+    (summed over the ranks)."""
+    cfg = shapes_run_config(tmp_path, micro_batch_size=8)
+    plugin = ROOT / "tests" / "fault_rewards.py"
+    text = cfg.read_text().replace(
+        "rewards: [{name: exact_match}]",
+        f'rewards: [{{name: exact_match}}, {{name: "{plugin}:slow_parity", weight: 0.5}}]',
+    )
+    cfg.write_text(text)
+    torchrun(
+        2,
+        "-m",
+        "mmrl",
+        "train",
+        str(cfg),
+        "--output-dir",
+        str(tmp_path / "full"),
+        "--max-steps",
+        "3",
+        cwd=tmp_path,
+    )
+    _faulty_finishes(tmp_path, cfg, tmp_path / "killed", fault, "3")
+    full, killed = (
+        read_metrics(tmp_path / "full" / "metrics.jsonl"),
+        read_metrics(tmp_path / "killed" / "metrics.jsonl"),
+    )
+    assert _rows(tmp_path / "killed") == _rows(tmp_path / "full")
+    assert sum(r.get("sys/reward_pool_restarts", 0) for r in killed) >= 1
+    assert sum(r.get("sys/reward_pool_restarts", 0) for r in full) == 0
+    assert "reward/fault_slow_parity" in full[1]
+
+
+def test_an_env_worker_killed_ends_one_episode_and_the_run_goes_on(tmp_path):
+    """The zoom world's worker on rank 1 is SIGKILLed between two turns: the episode whose step reached the dead
+    worker ends with the error (the pool cannot tell a kill from an action that crashes the env), the worker's other
+    episodes are replayed on a new worker (the world is deterministic) and go on, and the run finishes with the
+    crash, the restart and the replays counted over the ranks."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += [
+        str(ROOT / "tests" / "fault_launch.py"),
+        "kill_env_worker:1:3",
+        "--",
+        "train",
+        "recipes/zoom/tiny.yaml",
+    ]
+    cmd += [
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--max-steps",
+        "3",
+        "train.prompts_per_step=2",
+        "rollout.n=4",
+    ]
+    cmd += ["eval.max_samples=4"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=BASE_ENV, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [x for x in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in x]
+    assert [x["step"] for x in rows] == [1, 2, 3]
+    total = {k: sum(x[f"sys/env_{k}"] for x in rows) for k in ("crashes", "restarts", "replays", "lost")}
+    assert total["crashes"] == 1 and total["restarts"] == 1 and total["replays"] >= 1 and total["lost"] == 0
+    assert sum(x["episode/errors"] for x in rows) == 1  # the one episode in flight, nothing else
