@@ -1,6 +1,6 @@
 """Policy-gradient math as registered pure functions and small stateful objects: advantage estimators (single- and
 multi-turn), policy losses, loss aggregations, KL estimators, noisy-verifier reward corrections, rollout/training
-mismatch corrections, and algorithm presets."""
+mismatch corrections, off-policy pieces for asynchronous RL, and algorithm presets."""
 
 from mmrl.algos.advantages import (
     ADVANTAGES,
@@ -15,6 +15,7 @@ from mmrl.algos.corrections import REWARD_CORRECTIONS, check_reward_correction
 from mmrl.algos.kl import KL_ESTIMATORS, kl_penalised_rewards
 from mmrl.algos.losses import AGGREGATIONS, LOSSES, Aggregation, reduce_stats, register_loss
 from mmrl.algos.multiturn import DiscountedTurns, EpisodeGRPO, GiGPO
+from mmrl.algos.offpolicy import proximal_logprobs
 from mmrl.algos.rollout_correction import ROLLOUT_CORRECTIONS, check_rollout_correction, rollout_correction
 from mmrl.algos.single_rollout import MSSR, SPO
 from mmrl.presets import PRESETS
@@ -42,6 +43,7 @@ __all__ = [
     "group_advantage",
     "groups_with_signal",
     "kl_penalised_rewards",
+    "proximal_logprobs",
     "reduce_stats",
     "register_loss",
     "rollout_correction",

@@ -47,9 +47,15 @@ LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 LOSSES: Registry[LossFn] = Registry("policy loss")
 
 
-def register_loss(name: str, *, needs_whole_groups: bool = False) -> Callable[[LossFn], LossFn]:
+def register_loss(
+    name: str, *, needs_whole_groups: bool = False, collective: bool = False
+) -> Callable[[LossFn], LossFn]:
+    """``collective``: the loss runs a collective over the data-parallel ranks in each call (BAPO's sums), so every
+    rank must call it equally often: the update pads the ranks' micro-batches to the same count."""
+
     def deco(fn: LossFn) -> LossFn:
         fn.needs_whole_groups = needs_whole_groups  # type: ignore[attr-defined]
+        fn.collective = collective  # type: ignore[attr-defined]
         return LOSSES.register(name)(fn)
 
     return deco

@@ -184,6 +184,7 @@ class PolicyUpdate:
         self.constant = a.loss_agg_constant or float(cfg.rollout.max_new_tokens)
         self.kl_fn = KL_ESTIMATORS.get(a.kl_estimator) if a.kl_coef > 0 and a.kl_in == "loss" else None
         self.whole_groups = bool(getattr(self.loss_fn, "needs_whole_groups", False))
+        self.collective_loss = bool(getattr(self.loss_fn, "collective", False))
         self.tokens = 0  # tokens through the training forward in the last call (for tokens/s)
 
     def __call__(self, batch: RolloutBatch, step: int = 0) -> dict[str, float]:
@@ -212,9 +213,11 @@ class PolicyUpdate:
         mine = self.dist.balanced(*batch.blocks(rows, unit)) if self.dist.active else rows
         micros = micro_batches(batch, mine, unit, self.cfg)
         weights = [1.0] * len(micros)
-        # zero-weight padding micro-batches: under FSDP every forward is a collective (pad to the most any rank
-        # has); under DDP every rank runs the one synchronising backward (pad a rank with no rows to one)
-        most = max(self.dist.gather(len(micros))) if pol.sharded else max(len(micros), int(pol.distributed))
+        # zero-weight padding micro-batches: under FSDP every forward is a collective, as is a collective loss's
+        # call (pad to the most any rank has); under DDP every rank runs the one synchronising backward (pad a rank
+        # with no rows to one)
+        equal = pol.sharded or (self.collective_loss and self.dist.active)
+        most = max(self.dist.gather(len(micros))) if equal else max(len(micros), int(pol.distributed))
         pad = (mine or batch.local_rows)[:unit]
         micros, weights = micros + [pad] * (most - len(micros)), weights + [0.0] * (most - len(micros))
         self.opt.zero_grad(set_to_none=True)
