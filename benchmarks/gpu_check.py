@@ -8,7 +8,10 @@ lent GPU machine it is the first thing to run.
 Parts, in this order (the most needed first), each in its own subprocess with its own time limit; a part that fails
 or runs out of time is reported as such and the others still run:
 1. ``tests``: ``pytest -m gpu`` (tests/test_gpu.py): CUDA log-probs, a world-size-1 NCCL run through the distributed
-   code path (DDP and FSDP2, resumed), the Dist collectives on NCCL, packed scoring equal to padded on CUDA;
+   code path (DDP and FSDP2, resumed), the Dist collectives on NCCL, packed scoring equal to padded on CUDA, and the
+   paths of tests/gpu_paths.py on CUDA (a multi-turn episode's per-turn log-probs, the HF judge against the CPU's and
+   offloaded, the image check, pre-flight's memory probe without a CUDA context; with ``MMRL_GPU_TESTS_DEVICE=cpu``
+   these run on a CPU instead of skipping: a rehearsal);
 2. ``packing``: ``benchmarks/packing.py --device cuda --dtype bfloat16``: padded-token share and s/update, padded vs
    packed, on a wider random Qwen2.5-VL (about a minute);
 3. ``step``: ``benchmarks/gpu_step.py --compare all``: s/step, tokens/s and peak memory of a
@@ -98,7 +101,8 @@ def missing_dependencies() -> list[str]:
 
 def commands(a: argparse.Namespace, py: str) -> dict[str, tuple[list[str], int, int]]:
     """Each part's command, its own time limit and its limit under ``--budget-s`` (seconds; a 3B step takes about
-    a minute to build and a minute per setting on one H100/H200, the tests' torchrun runs about two)."""
+    a minute to build and a minute per setting on one H100/H200, the tests' torchrun runs about two, the gpu_paths
+    tests at most half a minute: 9 s on the 2-core CPU, imports included)."""
     step_out = a.work / "gpu-check-step"
     step = [py, "benchmarks/gpu_step.py", "--device", a.device, "--out", str(step_out), "--compare", "all"]
     step += ["--cache", str(a.work / "gpu-step-models")]
@@ -138,7 +142,7 @@ def commands(a: argparse.Namespace, py: str) -> dict[str, tuple[list[str], int, 
         if a.budget_s:  # a lease: a 3B setting is about a minute to load and 20-30 s a step
             step += ["--steps", "2"]
     return {
-        "tests": ([py, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py"], 900, 200),
+        "tests": ([py, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py"], 900, 240),
         "packing": (packing, 600, 90),
         "step": (step, 1500, 330),
         "logprobs": (logprobs, 600, 45),

@@ -9,26 +9,40 @@
 - the Dist collectives on a real NCCL default group (host tensors through the gloo host group);
 - packed scoring on CUDA equals the padded path (log-probs 1e-5, gradients) for a multimodal-RoPE family, Qwen3.5's
   Gated-DeltaNet layers (mmrl.model.linear_attention: flash-linear-attention's kernel where installed, else the torch rule)
-  and Gemma 3's two-way image blocks."""
+  and Gemma 3's two-way image blocks;
+- the paths whose bodies live in tests/gpu_paths.py (run on the CPU too, by tests/test_gpu_paths_cpu.py): a multi-turn
+  zoom episode's per-turn log-probs equal to the training forward's (fp32 and bf16), the HF judge's verdicts equal
+  to the CPU judge's and its weights off the GPU after an offloaded call, the image check (nonzero sensitivity, a
+  vision tower fed zeros refused), and pre-flight's per-rank memory probe (the device's total, no CUDA context).
+
+``MMRL_GPU_TESTS_DEVICE=cpu`` rehearses this module on a CPU (``MMRL_GPU_TESTS_DEVICE=cpu bash scripts/gpu-check.sh
+--device cpu --small --parts tests``): the gpu_paths tests run on the CPU, the CUDA-only ones skip with a reason."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from gpu_paths import device_probe, image_check_sees_media, judge_agrees_with_cpu, multi_turn_logprobs
 from multiproc import WALL_CLOCK, shapes_run_config, torchrun
 from test_packing import media  # noqa: F401 (the fixture)
 
 from mmrl.run.metrics import read_metrics
 
 pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
+DEVICE = os.environ.get("MMRL_GPU_TESTS_DEVICE", "cuda")  # cpu: the rehearsal (module docstring)
+if DEVICE not in ("cuda", "cpu"):
+    raise ValueError(f"MMRL_GPU_TESTS_DEVICE={DEVICE!r}: use cuda (the default) or cpu (a rehearsal)")
+if DEVICE == "cuda" and not torch.cuda.is_available():
     pytest.skip("needs a CUDA device (run scripts/gpu-check.sh on a GPU machine)", allow_module_level=True)
+cuda_only = pytest.mark.skipif(DEVICE != "cuda", reason="CUDA-only (NCCL, model on cuda): a CPU rehearsal")
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
 
 
+@cuda_only
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_engine_logprobs_equal_training_forward_on_cuda(dtype, tmp_path):
     from PIL import Image
@@ -69,6 +83,7 @@ def _strip(rows):
     ]
 
 
+@cuda_only
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_one_gpu_run_under_torchrun_on_nccl_resumes_exactly(fsdp, tmp_path):
     cfg = shapes_run_config(tmp_path, micro_batch_size=8)
@@ -105,6 +120,7 @@ print("RESULT " + json.dumps({"sum": summed, "gathered": gathered, "t": t.tolist
 """
 
 
+@cuda_only
 def test_dist_collectives_on_nccl(tmp_path):
     worker = tmp_path / "w.py"
     worker.write_text(NCCL_WORKER)
@@ -122,6 +138,7 @@ def test_dist_collectives_on_nccl(tmp_path):
     }, res
 
 
+@cuda_only
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_5", "gemma3"])
 def test_packed_scoring_equals_padded_on_cuda(family, tiny_family, media):  # noqa: F811 (the fixture)
     from test_packing import _check_packed, _samples
@@ -134,3 +151,22 @@ def test_packed_scoring_equals_padded_on_cuda(family, tiny_family, media):  # no
     )
     assert policy.device.type == "cuda" and policy.packs
     _check_packed(policy, [policy.encode(s) for s in _samples(media, video=False)], family)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_multi_turn_logprobs_equal_training_forward_per_turn(dtype, tmp_path):
+    multi_turn_logprobs(DEVICE, dtype, tmp_path)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_judge_agrees_with_cpu_and_offload_leaves_the_gpu(dtype):
+    judge_agrees_with_cpu(DEVICE, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_image_check_sees_media_and_refuses_a_blind_tower(dtype, tmp_path):
+    image_check_sees_media(DEVICE, dtype, tmp_path)
+
+
+def test_preflight_probe_reads_the_device_total_without_a_context(tmp_path):
+    device_probe(DEVICE, tmp_path)
