@@ -24,7 +24,9 @@ the deadline scores the whole call 0 the same way (vLLM's offline engine cannot 
 finishes in the background before the next one starts). Timed-out and unparseable verdicts are not cached.
 
 Placement, one copy per process, sleeping during the update (``offload``) and the content cache are
-:mod:`mmrl.rewards.local_model`'s.
+:mod:`mmrl.rewards.local_model`'s. A vLLM judge is placed as the policy's vLLM engine is (:func:`vllm_placement`):
+under a launcher it joins the rank's process group with vLLM's ``external_launcher`` executor, on the rank's own
+GPU, beside the rank's policy engine; a ``device`` vLLM cannot honour is refused at the first call with the fix.
 """
 
 from __future__ import annotations
@@ -185,6 +187,78 @@ class HFJudge:
         return results
 
 
+def _policy_tensor_parallel() -> int:
+    """The tensor-parallel size of vLLM's process-wide groups, made by the policy's engine (1 when none exist yet)."""
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    return parallel_state.get_tensor_model_parallel_world_size()
+
+
+_SERVE = (
+    "; to give the judge a GPU of its own, serve it there (`mmrl reward serve --rewards judge ...`) and use the "
+    "`remote` reward in this run"
+)
+
+
+def vllm_placement(device: str) -> dict[str, Any]:
+    """``vllm.LLM``'s placement arguments for a judge on ``device`` (resolved), or ValueError naming the fix where vLLM
+    cannot put it there. vLLM takes no device: its in-process executor runs on the platform's device 0, its
+    ``external_launcher`` executor on ``LOCAL_RANK``'s, and ``device_ids`` maps device 0 elsewhere for the whole
+    process. So:
+
+    - under a launcher the judge is built as the policy's engine is, with ``external_launcher`` (one rank per judge),
+      on the rank's own GPU (:func:`_launcher_placement`);
+    - alone, ``cuda:0`` (or ``cuda``) needs nothing, ``cuda:N`` is ``device_ids: [N]`` when vLLM runs its engine in a
+      process of its own, and refused when it runs in this one (a policy engine here set
+      ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), where the mapping would move every engine and the process's own device;
+    - ``cpu`` needs vLLM's CPU build: refused where torch sees a GPU (vLLM's platform is then CUDA)."""
+    import torch
+
+    if device.startswith("cuda") != torch.cuda.is_available():
+        raise ValueError(
+            f"reward 'judge': device {device!r} with engine vllm: vLLM runs on this machine's GPU only; set device: "
+            "auto, or engine: hf for a judge on the CPU"
+        )
+    index = torch.device(device).index if device.startswith("cuda") else None
+    from mmrl.distributed import launched  # torch comes with it: not at the reward registry's import
+
+    if launched():
+        return _launcher_placement(device, index)
+    if not index:
+        return {}
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        raise ValueError(
+            f"reward 'judge': option device={device!r}: vLLM runs in this process (the policy's vLLM engine does), "
+            "where it places an engine on cuda:0 and can map it elsewhere only for every engine of the process at "
+            f"once; set device: cuda:0 or auto{_SERVE}"
+        )
+    return {"device_ids": [index]}
+
+
+def _launcher_placement(device: str, index: int | None) -> dict[str, Any]:
+    """Under a launcher: vLLM's ``external_launcher`` executor, one rank per judge, on ``cuda:LOCAL_RANK``; another
+    GPU is refused, and so is a judge beside a tensor-parallel policy engine, whose process-wide groups a judge of
+    its own size cannot join."""
+    rank = int(os.environ["LOCAL_RANK"])
+    if index not in (None, rank):
+        raise ValueError(
+            f"reward 'judge': option device={device!r} on local rank {rank}: under a launcher vLLM puts the judge "
+            f"on the rank's own GPU (cuda:{rank}, its external_launcher executor reads LOCAL_RANK); set device: "
+            f"auto{_SERVE}"
+        )
+    tp = _policy_tensor_parallel()
+    if tp > 1:
+        raise ValueError(
+            f"reward 'judge': engine vllm beside a tensor-parallel vLLM policy engine (tensor_parallel_size {tp}): "
+            "vLLM keeps one set of parallel groups per process and a judge cannot join them with its own size; "
+            f"use engine: hf{_SERVE}"
+        )
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # external_launcher runs in-process (vLLM asserts it)
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
+
+
 class VLLMJudge:
     """vLLM's offline engine answering greedily (temperature 0); sleeps between calls when ``offload``."""
 
@@ -207,6 +281,7 @@ class VLLMJudge:
             "enable_sleep_mode": offload,
             "enforce_eager": not cuda,
             "generation_config": "vllm",  # the reward's own settings, never the checkpoint's sampling defaults
+            **vllm_placement(self.device),
         }
         if cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory

@@ -358,3 +358,124 @@ def test_the_plan_reads_the_records_the_loader_keeps(tmp_path):
         f.write(good.encode() + b"\n")
     assert _media_per_prompt(str(train), max_images=64) == (2, 1)
     assert _media_per_prompt(str(train)) == (300, 1)
+
+
+# ------------------------------------------------------------------------------------------- reward models
+JUDGE, ENCODER = str(ROOT / "assets/tiny-judge"), str(ROOT / "assets/tiny-encoder")
+MEDVQA = ROOT / "recipes/medvqa/gpu.yaml"
+VLLM = ["rollout.engine=vllm", "rollout.engine_options={gpu_memory_utilization: 0.3, sleep_mode: true}"]
+
+
+def _medix(judge: str, embedding: str) -> str:
+    return f"rewards=[{{name: medix, options: {{judge: {judge}, embedding: {embedding}}}}}]"
+
+
+def test_reward_models_are_planned_by_stage_by_hand():
+    """medix's tiny judge (575,488 parameters) and encoder (429,824, an fp32 checkpoint) on an 80 GiB GPU. A vLLM judge
+    holds its gpu_memory_utilization share while rewards are scored (the log-probs stage, which the scoring overlaps,
+    after vLLM rollouts) and vLLM's asleep remainder otherwise (offload), or its share throughout; an HF judge its
+    weights in its dtype (bf16 for auto), also in the rollout stage with the HF engine (whose chunks are scored while
+    the next one generates), moved off between calls with offload; the encoder its fp32 weights. Only the HF models
+    count in the allocator's slack."""
+    J, E, gpu = 575_488, 429_824, 80 * GIB
+    stages = dict.fromkeys(plan.STAGES, 0.0)
+    opts = plan.PlanOptions(gpu_memory_gib=80)
+    vllm_judge = f"{{model: {JUDGE}, engine: vllm, offload: true, gpu_memory_utilization: 0.2}}"
+    p = plan.plan_run(_tiny([*VLLM, _medix(vllm_judge, f"{{model: {ENCODER}, offload: true}}")]), opts)
+    asleep = plan.VLLM_ASLEEP
+    assert p.rows["vLLM judge (medix.judge)"] == {
+        "rollout": asleep,
+        "log-probs": 0.2 * gpu,
+        "update": asleep,
+        "weight sync": asleep,
+    }
+    assert p.rows["encoder (medix.embedding)"] == stages | {"log-probs": 4.0 * E}
+    bare = plan.plan_run(_tiny(VLLM), opts)
+    slack = p.rows["allocator slack"]["log-probs"] - bare.rows["allocator slack"]["log-probs"]
+    assert slack == pytest.approx(plan.ALLOCATOR_SLACK * 4.0 * E)
+    resident = f"{{model: {JUDGE}, engine: vllm, gpu_memory_utilization: 0.2}}"
+    p = plan.plan_run(_tiny([*VLLM, _medix(resident, f"{{model: {ENCODER}}}")]), opts)
+    assert p.rows["vLLM judge (medix.judge)"] == dict.fromkeys(plan.STAGES, 0.2 * gpu)
+    assert p.rows["encoder (medix.embedding)"] == dict.fromkeys(plan.STAGES, 4.0 * E)
+    p = plan.plan_run(
+        _tiny([_medix(f"{{model: {JUDGE}, offload: true}}", f"{{model: {ENCODER}, device: cpu}}")])
+    )
+    assert p.rows["judge (medix.judge)"] == stages | {"rollout": 2.0 * J, "log-probs": 2.0 * J}
+    assert "encoder (medix.embedding)" not in p.rows  # on the CPU
+    text = plan.format_plan(p, "tiny")
+    assert (
+        f"judge (medix.judge): {JUDGE}: weights 0.00 GiB, moved to host memory between calls (offload)"
+        in text
+    )
+
+
+def test_a_colocated_judge_that_does_not_fit_is_refused(tmp_path):
+    """medvqa's GPU recipe fits its 2 x 79 GiB with its vLLM judge at 0.3 of the GPU; at 0.6 the log-probs stage,
+    where the judge is awake, no longer fits; without offload the judge holds its share in the update too. A 7B
+    judge (Qwen2.5-7B-Instruct's shapes: 7,615,616,512 parameters, bf16 14.19 GiB) cannot start in a 0.2 share
+    (weights, vLLM's workspace and one 32,768-token sequence need 17.94 GiB): refused, with the share that starts."""
+    import json
+
+    opts = plan.PlanOptions(model_config=str(ROOT / "mmrl/plan/configs/Qwen2.5-VL-3B-Instruct"))
+    p = plan.plan_run(load_config(MEDVQA), opts)
+    share = 0.3 * 79 * GIB
+    assert p.fits and p.rows["vLLM judge (medix.judge)"]["log-probs"] == share
+    big = plan.plan_run(load_config(MEDVQA, ["rewards.0.options.judge.gpu_memory_utilization=0.6"]), opts)
+    assert not big.fits and big.peak_stage == "log-probs", plan.format_plan(big, "medvqa")
+    assert p.totals["log-probs"] + 0.3 * 79 * GIB == pytest.approx(big.totals["log-probs"])
+    resident = plan.plan_run(load_config(MEDVQA, ["rewards.0.options.judge.offload=false"]), opts)
+    assert resident.rows["vLLM judge (medix.judge)"]["update"] == share
+    assert p.rows["vLLM judge (medix.judge)"]["update"] == plan.VLLM_ASLEEP
+    judge_7b = tmp_path / "judge-7b"
+    judge_7b.mkdir()
+    (judge_7b / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen2ForCausalLM"],
+                "model_type": "qwen2",
+                "hidden_size": 3584,
+                "intermediate_size": 18944,
+                "num_hidden_layers": 28,
+                "num_attention_heads": 28,
+                "num_key_value_heads": 4,
+                "vocab_size": 152064,
+                "tie_word_embeddings": False,
+                "max_position_embeddings": 32768,
+                "dtype": "bfloat16",
+            }
+        )
+    )
+    small = [
+        f"rewards.0.options.judge.model={judge_7b}",
+        "rewards.0.options.judge.gpu_memory_utilization=0.2",
+    ]
+    p = plan.plan_run(load_config(MEDVQA, small), opts)
+    (m,) = [m for m in plan.reward_models(p.setup) if m.share]
+    assert m.weights == 2 * 7_615_616_512
+    assert m.needs == m.weights + plan.VLLM_WORKSPACE + 2 * 28 * 4 * 128 * 2 * 32768
+    assert not p.fits and "vLLM refuses to start it" in p.problems[0], p.problems
+    assert p.advice == ["rewards.0.options.judge.gpu_memory_utilization=0.25"]
+    assert plan.plan_run(load_config(MEDVQA, [*small, *p.advice]), opts).fits
+
+
+def test_the_recipes_documented_command_keeps_the_judges_placement():
+    """The command at the top of recipes/medvqa/gpu.yaml, read from its comment: its overrides name the judge and
+    encoder folders and keep every other option of theirs (offload, the judge's vLLM share); the plan counts the
+    judge it names. Before, the documented override replaced the judge's options, dropping offload and the share."""
+    import shlex
+
+    lines = iter(line.lstrip("# ").rstrip() for line in MEDVQA.read_text().splitlines())
+    command = [next(line for line in lines if line.startswith("torchrun"))]
+    while command[-1].endswith("\\"):  # continued on the next line
+        command.append(next(lines))
+    words = shlex.split(" ".join(c.rstrip("\\") for c in command))
+    overrides = [w for w in words if "=" in w and not w.startswith("-")]
+    recipe = load_config(MEDVQA).rewards[0].options
+    documented = load_config(MEDVQA, overrides).rewards[0].options
+    for part in ("judge", "embedding"):
+        assert documented[part]["model"] != recipe[part]["model"], part  # the command names the folder
+        assert documented[part] | {"model": ""} == recipe[part] | {"model": ""}, part  # and keeps the rest
+    assert documented["judge"]["offload"] and documented["judge"]["gpu_memory_utilization"] == 0.3
+    opts = plan.PlanOptions(model_config=str(ROOT / "mmrl/plan/configs/Qwen2.5-VL-3B-Instruct"))
+    p = plan.plan_run(load_config(MEDVQA, overrides), opts)
+    assert p.rows["vLLM judge (medix.judge)"]["log-probs"] == 0.3 * 79 * GIB and p.fits

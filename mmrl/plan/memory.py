@@ -20,7 +20,7 @@ DEFAULT_GPU_GIB = 80.0
 TEXT_TOKENS = 256  # the text part of a prompt (chat template, system prompt, question) when not given
 OBSERVATION_TEXT_TOKENS = 32  # an episode's observation turn: the template's markers and the env's text
 SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 # ---------------------------------------------------------------------------------------------- model shapes
@@ -162,6 +162,45 @@ def model_shapes(folder: str) -> ModelShapes:
         vision_matmul_weights=sum(v for k, v in matmul.items() if is_vision_param(k, decoder)),
         first_matmul=first if first in matmul else None,
         decoder=decoder,
+    )
+
+
+@dataclass(frozen=True)
+class RewardModelShape:
+    params: int
+    dtype: str | None  # the checkpoint's own (config.json's dtype)
+    kv_per_token: int  # a bf16 KV cache's bytes per token (0 for an encoder)
+    max_positions: int
+
+
+@functools.lru_cache(maxsize=16)
+def reward_model_shape(model_path: str, kind: str) -> RewardModelShape:
+    """A reward's model counted on the meta device from the config.json that :func:`config_folder` finds
+    (ConfigNotLocal when none): ``judge`` a causal LM, ``image_judge`` an image-text-to-text model (``use_image``),
+    ``encoder`` the transformer of a sentence-transformers folder (else the folder itself), as
+    :mod:`mmrl.rewards.judge` and :mod:`mmrl.rewards.embedding` load them."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from mmrl.rewards.embedding import sentence_transformers_layout
+
+    folder = config_folder(model_path)
+    body = sentence_transformers_layout(folder)[0] if kind == "encoder" else folder
+    config = AutoConfig.from_pretrained(body)
+    autos = {"judge": AutoModelForCausalLM, "image_judge": AutoModelForImageTextToText, "encoder": AutoModel}
+    with torch.device("meta"):
+        model = autos[kind].from_config(config)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    text = config.get_text_config()
+    heads = int(_get(text, "num_attention_heads", default=1))
+    head_dim = int(_get(text, "head_dim", default=0) or _get(text, "hidden_size", default=0) // heads)
+    kv_heads = int(_get(text, "num_key_value_heads", default=heads))
+    layers = int(_get(text, "num_hidden_layers", default=0))
+    return RewardModelShape(
+        params=_count(model),
+        dtype=str(dtype).removeprefix("torch.") if dtype else None,
+        kv_per_token=0 if kind == "encoder" else 2 * layers * kv_heads * head_dim * 2,
+        max_positions=int(_get(text, "max_position_embeddings", default=0)),
     )
 
 

@@ -2,21 +2,22 @@
 
 Arithmetic over the run's config and the checkpoint's shapes, read from its ``config.json`` with the model built on
 the meta device (no weights read; a hub id is looked up in the HF cache, then in ``mmrl/plan/configs/``). The model
-of memory (weights, gradients, AdamW, the reference, vLLM awake and asleep, the update's and the no-grad passes'
-activations op by op, what lives outside torch's allocator) and how the prompt and episode lengths are chosen are
+of memory (weights, gradients, AdamW, the reference, vLLM awake and asleep, the reward models colocated on each rank,
+the update's and the no-grad passes' activations op by op, what lives outside torch's allocator) and how the prompt and episode lengths are chosen are
 written out in docs/scaling.md#how-the-plan-is-computed; the per-token arithmetic is :mod:`mmrl.plan.memory`.
 
 Invariants: every stage's total is per rank (one process per GPU); FSDP divides the policy's weights, gradients and
 optimizer state by the world size but not the reference; the verdict compares each stage with the GPU
 (``--gpu-memory``, else ``hardware.gpu_memory_gib``, else 80 GiB), and a run that does not fit gets the cheapest change
 that does, each candidate planned again, in this order: a smaller micro-batch, gradient checkpointing, a smaller vLLM
-share, FSDP, LoRA, more GPUs. ``benchmarks/plan_accuracy.py`` holds the components to torch's own accounting of a real
+share, the reward models offloaded, FSDP, LoRA, more GPUs. ``benchmarks/plan_accuracy.py`` holds the components to torch's own accounting of a real
 3B and 7B step (within 1-8% each).
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from dataclasses import dataclass, field, replace
 
@@ -29,6 +30,7 @@ from mmrl.plan.memory import (
     Setup,
     adapted,
     nograd_activations,
+    reward_model_shape,
     setup,
     transient,
     update_activations,
@@ -76,6 +78,110 @@ def engine(s: Setup) -> Engine | None:
     return Engine(weights, kv, VLLM_WORKSPACE, sleep, int(kv // kv_per_token), max_len, tp)
 
 
+# ---------------------------------------------------------------------------------------------- reward models
+# the built-in rewards that load a model on each rank: (role, where its options sit in the reward's: None = its own)
+REWARD_MODELS = {
+    "judge": (("judge", None),),
+    "embedding_similarity": (("encoder", None),),
+    "medix": (("judge", "judge"), ("encoder", "embedding")),
+}
+
+
+@dataclass(frozen=True)
+class RewardModel:
+    """A reward's model on this rank's GPU (:mod:`mmrl.rewards.local_model`: one copy per process, on the rank's own
+    device), by stage: ``awake`` while rewards are scored, ``asleep`` between the calls (vLLM's level-1 sleep, or
+    the weights moved to host memory, with ``offload``). ``None``: its size is unknown (no config.json here)."""
+
+    name: str  # the plan's row
+    key: str  # where its options are overridden: rewards.0.options.judge
+    path: str
+    engine: str  # vllm, hf
+    offload: bool
+    share: float  # a vLLM judge's gpu_memory_utilization
+    weights: float | None
+    awake: float | None
+    asleep: float | None
+    needs: float | None = None  # what a vLLM judge's share must hold to start (see _reward_model)
+
+
+def reward_models(s: Setup) -> list[RewardModel]:
+    """The judges and encoders of the run's rewards that live on the GPU (not ``device: cpu``), their options
+    completed by the reward functions' own defaults."""
+    from mmrl.rewards.base import REWARDS
+
+    out: list[RewardModel] = []
+    for i, entry in enumerate(s.cfg.rewards):
+        for role, nested in REWARD_MODELS.get(entry.name, ()):
+            given = entry.options.get(nested) if nested else entry.options
+            reward = "judge" if role == "judge" else "embedding_similarity"
+            params = inspect.signature(REWARDS.get(reward).fn).parameters
+            o = {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+            o |= given if isinstance(given, dict) else {}
+            if str(o["device"]) == "cpu":
+                continue
+            label, key = entry.name, f"rewards.{i}.options"
+            if nested:
+                label, key = f"{label}.{nested}", f"{key}.{nested}"
+            if any(f"({label})" in m.name for m in out):
+                label += f" #{i}"
+            out.append(_reward_model(s, role, o, label, key))
+    return out
+
+
+def _reward_model(s: Setup, role: str, o: dict, label: str, key: str) -> RewardModel:
+    vllm, offload = role == "judge" and o["engine"] == "vllm", bool(o["offload"])
+    kind = "encoder" if role == "encoder" else "image_judge" if o["use_image"] else "judge"
+    try:
+        shape = reward_model_shape(str(o["model"]), kind)
+    except (ConfigNotLocal, ValueError, OSError):
+        shape = None
+    if role == "encoder":  # loaded in the checkpoint's own dtype (transformers' default)
+        per = DTYPE_BYTES.get(shape.dtype if shape and shape.dtype else "float32", 4)
+    else:  # the judge's dtype option; auto: bf16 on a GPU (mmrl.rewards.local_model.resolve_dtype, vLLM alike)
+        per = DTYPE_BYTES.get(str(o["dtype"]), 2)
+    weights = None if shape is None else float(per * shape.params)
+    share = float(o["gpu_memory_utilization"]) if vllm else 0.0
+    needs = None
+    if vllm:
+        awake: float | None = share * s.hw.gpu_gib * GIB
+        asleep = VLLM_ASLEEP if offload else awake
+        if shape is not None:  # vLLM refuses an engine whose KV cache cannot hold one max_model_len sequence
+            needs = per * shape.params + VLLM_WORKSPACE + shape.kv_per_token * shape.max_positions
+    else:
+        awake, asleep = weights, (0.0 if offload or weights is None else weights)
+    return RewardModel(
+        name=f"{'vLLM judge' if vllm else role} ({label})",
+        key=key,
+        path=str(o["model"]),
+        engine=o["engine"] if role == "judge" else "hf",
+        offload=offload,
+        share=share,
+        weights=weights,
+        awake=awake,
+        asleep=asleep,
+        needs=needs,
+    )
+
+
+def scoring_stages(cfg: Config) -> tuple[str, ...]:
+    """The stages a reward model is awake in. Rewards are resolved before the update: they are scored while the
+    old/reference log-prob passes run (``train.overlap_rewards``) or waited for just before them (the same memory
+    but those passes' activations), and, for the HF engine's chunks of a single-turn rollout, while the next chunk
+    generates (:meth:`mmrl.train.collect.Collector.one_round`)."""
+    chunked = cfg.rollout.engine == "hf" and cfg.train.overlap_rewards and not cfg.rollout.env
+    return ("rollout", "log-probs") if chunked else ("log-probs",)
+
+
+def _reward_rows(s: Setup) -> dict[str, dict[str, float]]:
+    awake_in = scoring_stages(s.cfg)
+    return {
+        m.name: {st: (m.awake if st in awake_in else m.asleep) or 0.0 for st in STAGES}
+        for m in reward_models(s)
+        if m.awake is not None
+    }
+
+
 # ---------------------------------------------------------------------------------------------- stages
 @dataclass
 class Plan:
@@ -104,7 +210,7 @@ def plan_run(cfg: Config, opts: PlanOptions | None = None, *, advise: bool = Tru
     """The memory budget of ``cfg`` per rank, stage by stage; with ``advise``, the cheapest change that fits."""
     s = setup(cfg, opts)
     rows = _components(s)
-    torch_part = {st: sum(v[st] for k, v in rows.items() if k not in _NOT_TORCH) for st in STAGES}
+    torch_part = {st: sum(v[st] for k, v in rows.items() if _torch(k)) for st in STAGES}
     rows["allocator slack"] = {st: ALLOCATOR_SLACK * torch_part[st] for st in STAGES}
     totals = {st: sum(v[st] for v in rows.values()) for st in STAGES}
     p = Plan(s, rows, totals, max(STAGES, key=totals.get), _problems(s), update_activations(s))
@@ -113,16 +219,16 @@ def plan_run(cfg: Config, opts: PlanOptions | None = None, *, advise: bool = Tru
     return p
 
 
-_NOT_TORCH = ("vLLM weights", "vLLM KV cache and workspace", "vLLM asleep", "CUDA context")
+def _torch(row: str) -> bool:
+    """Whether a row is memory torch's caching allocator hands out (not vLLM's, the policy's or a judge's, nor the
+    CUDA context)."""
+    return not row.startswith("vLLM") and row not in ("CUDA context", "allocator slack")
 
 
 def torch_peak(p: Plan) -> tuple[float, str]:
     """The bytes torch's caching allocator hands out at the plan's peak (``torch.cuda.max_memory_allocated``'s
     measure: no CUDA context, no vLLM, no allocator slack), and the stage where it happens."""
-    part = {
-        st: sum(v[st] for k, v in p.rows.items() if k not in (*_NOT_TORCH, "allocator slack"))
-        for st in STAGES
-    }
+    part = {st: sum(v[st] for k, v in p.rows.items() if _torch(k)) for st in STAGES}
     stage = max(STAGES, key=part.get)
     return part[stage], stage
 
@@ -152,6 +258,7 @@ def _components(s: Setup) -> dict[str, dict[str, float]]:
     }
     if e is not None:
         rows |= _engine_rows(e)
+    rows |= _reward_rows(s)
     return {k: {st: float(v.get(st, 0.0)) for st in STAGES} for k, v in rows.items()}
 
 
@@ -206,7 +313,28 @@ def _sync_transient(s: Setup) -> float:
 
 
 def _problems(s: Setup) -> list[str]:
-    """What stops the run from starting whatever the peak: vLLM's KV cache too small for one sequence."""
+    """What stops the run from starting whatever the peak: vLLM's KV cache too small for one sequence, a vLLM judge
+    whose share cannot hold its weights, workspace and one sequence."""
+    out = [
+        f"{m.name}: its gpu_memory_utilization {m.share:g} ({_gib(m.awake or 0.0)} GiB) cannot hold its weights "
+        f"({_gib(m.weights or 0.0)} GiB), vLLM's workspace and one max_model_len of KV cache ({_gib(m.needs)} GiB "
+        f"in all): vLLM refuses to start it (set {fix})"
+        for m, fix in _judge_fixes(s)
+    ]
+    return out + _engine_problems(s)
+
+
+def _judge_fixes(s: Setup) -> list[tuple[RewardModel, str]]:
+    """Each vLLM judge whose share is too small to start, with the smallest share that is not (steps of 0.05)."""
+    gpu = s.hw.gpu_gib * GIB
+    return [
+        (m, f"{m.key}.gpu_memory_utilization={math.ceil(m.needs / gpu / 0.05 - 1e-9) * 0.05:.2f}")
+        for m in reward_models(s)
+        if m.needs is not None and m.needs > (m.awake or 0.0)
+    ]
+
+
+def _engine_problems(s: Setup) -> list[str]:
     e = engine(s)
     if e is None:
         return []
@@ -237,11 +365,12 @@ def _advice(cfg: Config, opts: PlanOptions) -> list[str] | None:
     """The cheapest change that fits: each group of changes is tried (with the micro-batch as configured, then
     halved: ``optim.micro_batch_tokens`` where set, else ``optim.micro_batch_size``) on top of the best change of the
     groups before it (the one that lowered the peak most and keeps the run startable), in the module docstring's
-    order."""
-    given, done = opts, []
+    order; a vLLM judge too small to start gets the share it needs first."""
+    s = setup(cfg, opts)
+    given, done = opts, [fix for _, fix in _judge_fixes(s)]
     key = "micro_batch_tokens" if cfg.optim.micro_batch_tokens > 0 else "micro_batch_size"
-    best = _try(cfg, [], opts)
-    for group in _change_groups(cfg, setup(cfg, opts), opts):
+    best = _try(cfg, done, opts)
+    for group in _change_groups(cfg, s, opts):
         tried = []
         for changes, new_opts in group:
             for micro in [None, *_halvings(getattr(cfg.optim, key))]:
@@ -271,6 +400,9 @@ def _change_groups(cfg: Config, s: Setup, opts: PlanOptions) -> list[list[tuple[
     if not cfg.model.gradient_checkpointing:
         groups.append([(["model.gradient_checkpointing=true"], opts)])
     groups.append([(c, opts) for c in _engine_shares(cfg, s)])
+    resident = [f"{m.key}.offload=true" for m in reward_models(s) if not m.offload and m.awake]
+    if resident:
+        groups.append([(resident, opts)])
     if s.hw.world > 1 and not s.fsdp:
         groups.append([(["train.fsdp=true"], opts)])
     if not s.lora:
@@ -291,7 +423,7 @@ def _engine_shares(cfg: Config, s: Setup) -> list[list[str]]:
     if e is None:
         return []
     key = "rollout.engine_options"
-    fix = [f"{key}.max_model_len={s.seq.total}"] if _problems(s) else []
+    fix = [f"{key}.max_model_len={s.seq.total}"] if _engine_problems(s) else []
     o = cfg.rollout.engine_options
     if o.get("kv_cache_memory_bytes") is not None:
         kv = int(o["kv_cache_memory_bytes"])
@@ -341,6 +473,7 @@ def format_plan(p: Plan, name: str) -> str:
             f"({e.kv_tokens // max(1, s.seq.total):,} sequences of {s.seq.total:,} at once), "
             f"{'asleep (level 1) outside the rollout' if e.sleep else 'awake throughout (no sleep_mode)'}"
         )
+    lines += _reward_model_lines(s)
     lines += [f"verdict: {verdict(p)}"] + [f"  {x}" for x in p.problems]
     if not p.fits:
         lines.append(f"cheapest change that fits: {advice_text(p)}")
@@ -348,6 +481,29 @@ def format_plan(p: Plan, name: str) -> str:
     if est:
         lines.append(est)
     return "\n".join(lines)
+
+
+def _reward_model_lines(s: Setup) -> list[str]:
+    """Why each reward model's row is what it is, and which ones the plan could not size."""
+    models = reward_models(s)
+    if not models:
+        return []
+    stages = " and ".join(scoring_stages(s.cfg))
+    lines = [f"reward models (on each rank's GPU; awake while rewards are scored, in the {stages} stage):"]
+    for m in models:
+        if m.share:
+            sleep = "asleep (offload: vLLM's level-1 sleep) otherwise" if m.offload else "awake throughout"
+            why = f"gpu_memory_utilization {m.share:g} of the GPU ({_gib(m.awake or 0.0)} GiB) awake, {sleep}"
+            if m.weights is not None:
+                why += f"; its weights {_gib(m.weights)} GiB of that share"
+        elif m.weights is None:
+            why = "no config.json here: NOT COUNTED (name a local model folder to plan its weights)"
+        else:
+            why = f"weights {_gib(m.weights)} GiB" + (
+                ", moved to host memory between calls (offload)" if m.offload else ", on the GPU throughout"
+            )
+        lines.append(f"  {m.name}: {m.path}: {why}")
+    return lines
 
 
 def _table(p: Plan) -> list[str]:
@@ -371,7 +527,10 @@ def verdict(p: Plan) -> str:
 
 def advice_text(p: Plan) -> str:
     if not p.advice:
-        return "none found among smaller micro-batches, checkpointing, a smaller vLLM share, FSDP, LoRA, more GPUs"
+        return (
+            "none found among smaller micro-batches, checkpointing, a smaller vLLM share, offloaded reward models, "
+            "FSDP, LoRA, more GPUs"
+        )
     gpus = [a for a in p.advice if a.startswith("--")]
     overrides = [a for a in p.advice if not a.startswith("--")]
     return " ".join(overrides + gpus) + (

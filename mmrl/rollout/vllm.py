@@ -68,6 +68,7 @@ from typing import Any
 
 import torch
 
+from mmrl.distributed import launched
 from mmrl.model.policy import Policy
 from mmrl.model.prompt import EncodedPrompt
 from mmrl.rollout.base import ENGINES, Completion, RolloutEngine, SamplingParams
@@ -89,11 +90,6 @@ RESERVED_OPTIONS = {
     "distributed_executor_backend": "external_launcher under a launcher, in-process otherwise",
     "enable_sleep_mode": "use sleep_mode",
 }
-
-
-def _launched() -> bool:
-    """Whether a launcher (torchrun, accelerate) started this process: vLLM's external_launcher reads these."""
-    return all(k in os.environ for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def _installed_version() -> str | None:
@@ -395,7 +391,7 @@ def _rebuild_cpu_moe_kernels_on_reload(worker: Any) -> int:
 def _parallel_kwargs(tp: int) -> dict[str, Any]:
     """Under a launcher every rank's engine joins the training process group (vLLM's external_launcher), on the
     rank's own device, ``tp`` consecutive ranks per engine; alone, the engine runs in-process on one device."""
-    if not _launched():
+    if not launched():
         if tp > 1:
             raise ValueError(
                 f"rollout engine 'vllm': tensor_parallel_size {tp} needs one process per device: launch with "
