@@ -50,3 +50,37 @@ def test_unknown_benchmark_is_a_one_line_error(tmp_path, capsys):
     )
     assert main(["train", str(cfg), "--output-dir", str(tmp_path / "r")]) == 2
     assert "eval.benchmark: unknown benchmark 'mathvistaa'" in capsys.readouterr().err
+
+
+def test_training_validation_screens_the_benchmark_items_as_mmrl_eval_does(tmp_path):
+    """A benchmark item whose question holds the model's own vision token is left out with its reason (rank 0 lists it
+    in eval_skipped.jsonl) and the run validates on the others; before, the processor raised mid-run."""
+    import json
+    import shutil
+
+    from mmrl.recipes.shapes.data import build
+
+    bench = tmp_path / "mathvista"
+    shutil.copytree(MATHVISTA.parent, bench)
+    items = json.loads((bench / "testmini.json").read_text())
+    bad = sorted(items)[1]
+    items[bad]["question"] += " <|image_pad|>"
+    (bench / "testmini.json").write_text(json.dumps(items))
+    build(tmp_path / "data", n_train=8, n_eval=2, seed=1)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f"""
+model: {{path: {TINY}, min_pixels: 3136, max_pixels: 12544}}
+data: {{train: data/train.jsonl}}
+rollout: {{n: 2, max_new_tokens: 4, batch_size: 8}}
+rewards: [{{name: exact_match}}]
+eval: {{benchmark: mathvista, benchmark_data: {bench / "testmini.json"}, max_samples: 6, max_new_tokens: 4}}
+train: {{prompts_per_step: 2, progress: false}}
+"""
+    )
+    out = tmp_path / "run"
+    assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "1"]) == 0
+    listed = [json.loads(x) for x in (out / "eval_skipped.jsonl").read_text().splitlines()]
+    assert len(listed) == 1 and "<|image_pad|>" in json.dumps(listed[0])
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1]

@@ -20,14 +20,16 @@ from mmrl.eval.base import EvalItem
 from mmrl.model.checkpoint_files import resolve_model_path
 
 
-def screen(items: list[EvalItem], model: ModelConfig, skipped_to: Path) -> list[EvalItem]:
-    """The items the model can be given; the others listed in ``skipped_to``."""
+def screen(items: list[EvalItem], model: ModelConfig, skipped_to: Path | None) -> list[EvalItem]:
+    """The items the model can be given; the others listed in ``skipped_to`` (None: counted on stderr only, as a
+    training run's ranks other than 0 do)."""
     cfg = DataConfig(on_bad_record="skip")
     data = check_samples([it.sample for it in items], cfg, "benchmark")
     data = check_with_tokenizer(data, model_processor(resolve_model_path(model.path)), cfg)
-    skipped_to.unlink(missing_ok=True)
-    data.write_skipped(skipped_to)
-    if data.skipped:
+    if skipped_to is not None:
+        skipped_to.unlink(missing_ok=True)
+        data.write_skipped(skipped_to)
+    if data.skipped and skipped_to is not None:
         print(
             f"eval: {len(data.skipped)} item(s) skipped, each with its reason in {skipped_to}",
             file=sys.stderr,

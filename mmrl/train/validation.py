@@ -49,9 +49,15 @@ class Validator:
         e = cfg.eval
         if e.benchmark:
             from mmrl.eval import get_benchmark
+            from mmrl.eval.screening import screen
 
             self.bench = get_benchmark(e.benchmark, e.benchmark_options, cfg.model)
-            self.items = self.bench.load(Path(e.benchmark_data)).items[: e.max_samples]
+            # the benchmark's items pass the checks `mmrl eval` applies (every rank keeps the same ones; rank 0
+            # lists the others in eval_skipped.jsonl), then the first eval.max_samples are kept
+            main = out_dir is not None and collector.dist.is_main
+            loaded = self.bench.load(Path(e.benchmark_data)).items
+            listed = out_dir / "eval_skipped.jsonl" if main else None
+            self.items = screen(loaded, cfg.model, listed)[: e.max_samples]
             samples = [it.sample for it in self.items]
         self.samples = samples[: e.max_samples]
         # the env that judges held-out episodes and their settings; None: single responses
