@@ -41,6 +41,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -82,6 +83,7 @@ class Dist:
         self.device: torch.device = torch.device("cpu")
         self.host_group: Any = None  # None: the default group serves host tensors itself
         self.peers: list[tuple[str, int]] = []  # every rank's (machine, pid), read once at the start
+        self.timeout_s = timeout_s
         # a launcher (torchrun, accelerate) exports these; it gets a process group even for one process, so that
         # `torchrun --nproc_per_node 1` runs every collective, DDP and FSDP2 on the real backend (the GPU check)
         self.active = self.world > 1 or all(k in os.environ for k in ("RANK", "MASTER_ADDR", "MASTER_PORT"))
@@ -188,14 +190,15 @@ class Dist:
         sys.stderr.flush()
         os._exit(code)
 
-    def lost_peers(self) -> list[int]:
-        """The ranks on this machine whose process has ended (gone, or a zombie its launcher has not reaped yet).
-        Ranks on other machines cannot be checked from here and are never listed."""
+    def lost_peers(self, states: tuple[str, ...] = ("Z", "X", "gone")) -> list[int]:
+        """The ranks on this machine whose process is in one of ``states`` (the kernel's letters; the default: ended,
+        gone or a zombie its launcher has not reaped yet; ``("T", "t")``: stopped). Ranks on other machines cannot
+        be checked from here and are never listed."""
         me = _machine()
         return [
             r
             for r, (machine, pid) in enumerate(self.peers)
-            if r != self.rank and machine == me and _ended(pid)
+            if r != self.rank and machine == me and _state(pid) in states
         ]
 
     def fail(self, exc: BaseException, *, brief: bool = False) -> None:
@@ -212,10 +215,13 @@ class Dist:
         import signal
         import traceback
 
-        if (
-            threading.current_thread() is threading.main_thread()
-        ):  # the launcher's stop waits until this is written
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        if threading.current_thread() is threading.main_thread():
+            # the launcher stops the other ranks with SIGTERM once one fails; a mask would not hold it off (any
+            # thread may take a process signal, and Python runs its handler in the main thread anyway): ignored
+            # here, the rank's last words are written and os._exit follows (the launcher's SIGKILL after its grace
+            # period still ends a rank that would hang in here)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         code = 2 if brief else _exit_code(exc)
         if not (isinstance(exc, SystemExit) and code == 0):
             if brief:
@@ -223,13 +229,28 @@ class Dist:
             else:
                 traceback.print_exception(exc)
             lost = self.lost_peers()
+            if not lost and _peer_failure(
+                exc
+            ):  # the connection breaks as a peer's process exits, a moment before
+                deadline = time.monotonic() + 5.0  # its state says so: wait for it a little
+                while not lost and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    lost = self.lost_peers()
             line = f"mmrl: rank {self.rank} of {self.world} stops: {type(exc).__name__}: {exc}"
+            stopped = self.lost_peers(("T", "t"))
             if lost:
                 names = ", ".join(str(r) for r in lost)
                 line += (
                     f"\nmmrl: rank(s) {names} ended before this one (their own output says why; killed by the system "
                     "if it says nothing: out of memory?); the run stops here and `--resume` continues from the last "
                     "checkpoint"
+                )
+            elif stopped or "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
+                names = ", ".join(str(r) for r in stopped) or "a rank (not on this machine, or busy)"
+                line += (
+                    f"\nmmrl: {names} did not answer a collective within train.dist_timeout_s = {self.timeout_s:g} s"
+                    + (" (the process is stopped: SIGSTOP, a debugger)" if stopped else "")
+                    + "; the run stops here and `--resume` continues from the last checkpoint"
                 )
             print(line, file=sys.stderr)
             _record_for_launcher(exc, line, after_peer=bool(lost))
@@ -281,21 +302,29 @@ def _announce(rank: int, world: int) -> list[tuple[str, int]]:
     return peers
 
 
-def _ended(pid: int) -> bool:
-    """Whether process ``pid`` (on this machine) has ended: gone, or a zombie."""
+def _state(pid: int) -> str:
+    """Process ``pid``'s state on this machine: the kernel's letter (``R``, ``S``, ``T`` stopped, ``Z`` zombie...),
+    ``gone``, or ``?`` where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+            return f.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
-        return True
-    except OSError:  # no /proc: ask the kernel (a zombie counts as alive there)
+        return "gone"
+    except OSError:  # no /proc: ask the kernel whether it exists (a zombie counts as alive there)
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            return True
+            return "gone"
         except OSError:
             pass
-        return False
+        return "?"
+
+
+def _peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` reads like a peer's loss: a backend error, or gloo's "Connection closed/reset by peer"."""
+    text = str(exc).lower()
+    backend = type(exc).__name__ == "DistBackendError"
+    return backend or "by peer" in text or "connection closed" in text or "connection reset" in text
 
 
 def _exit_code(exc: BaseException) -> int:

@@ -3,6 +3,8 @@ rank, for tests/test_faults.py. FAULT is ``kind:rank:step``:
 
 - ``kill:R:S``: rank R SIGKILLs itself in the middle of step S's update (after the first micro-batch's backward
   started the gradient all-reduce, so the peers are inside a collective with it);
+- ``stop:R:S``: rank R SIGSTOPs itself at the same point (alive but silent: its peers wait out the collective
+  timeout);
 - ``raise:R:S``: rank R raises ``torch.OutOfMemoryError`` at the start of step S's update (an OOM, a bad record);
 - ``kill_saving:R:S``: rank R SIGKILLs itself while writing step S's checkpoint: rank 0 after every file is written
   and before the staging folder is promoted, another rank after writing its optimizer shard (FSDP);
@@ -36,7 +38,7 @@ def install(kind: str, step: int) -> None:
     from mmrl.run import checkpoint
     from mmrl.train import update
 
-    if kind in ("kill", "raise"):
+    if kind in ("kill", "stop", "raise"):
         real = update.PolicyUpdate.__call__
         micro = update.PolicyUpdate._micro_step
 
@@ -51,7 +53,7 @@ def install(kind: str, step: int) -> None:
         def micro_step(self, *a, **kw):
             out = micro(self, *a, **kw)
             if getattr(self, "_fault_now", False):
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGSTOP if kind == "stop" else signal.SIGKILL)
             return out
 
         fault_step = step

@@ -37,6 +37,7 @@ if d.rank == 0:
         "plain": plain, "host_group": d.host_group is not None, "sum": summed,
         "gathered": [[g["rank"], g["t"].tolist()] for g in gathered], "broadcast": t.tolist(), "world": d.world,
     }), flush=True)
+d.exit()  # as `mmrl train` ends a launched rank (Dist.exit says why)
 """
 
 

@@ -90,7 +90,7 @@ def test_a_rank_killed_stops_the_job_names_it_and_resume_continues_exactly(runs,
     assert r.returncode != 0  # no silent success
     # the survivor names the rank that is gone; torchrun's summary puts the killed rank first
     assert f"mmrl: rank {survivor} of 2 stops" in r.stderr, r.stderr[-3000:]
-    assert f"mmrl: rank(s) {dead} ended before this one" in r.stderr
+    assert f"mmrl: rank(s) {dead} ended before this one" in r.stderr, r.stderr[-3000:]
     cause = _root_cause(r.stderr)
     assert f"rank      : {dead} (local_rank: {dead})" in cause and "SIGKILL" in cause, cause
     ckpts = out / "checkpoints"
@@ -129,6 +129,23 @@ def test_a_rank_that_raises_ends_the_job_with_its_error_first(runs):
     assert (
         "exitcode  : 1 " in cause
     )  # ended by its error, not by an abort in the interpreter's teardown (134)
+
+
+def test_a_rank_that_stops_answering_ends_the_job_after_the_collective_timeout(runs):
+    """Rank 1 is SIGSTOPped inside step 3's update (alive, silent): rank 0's collective gives up after
+    train.dist_timeout_s (20 s here) and says which rank did not answer; the launcher then ends the stopped rank; the
+    job ends, failed, instead of hanging."""
+    tmp, cfg, _ = runs
+    r, seconds = _faulty(tmp, cfg, tmp / "stop", "stop:1:3", ["train.dist_timeout_s=20"])
+    assert r.returncode != 0
+    assert "mmrl: rank 0 of 2 stops" in r.stderr, r.stderr[-3000:]
+    assert (
+        "mmrl: 1 did not answer a collective within train.dist_timeout_s = 20 s (the process is stopped"
+        in r.stderr
+    )
+    print(
+        f"stopped rank: the job ended after {seconds:.0f} s"
+    )  # for the record: timeout + the launcher's grace
 
 
 def _faulty_finishes(tmp: Path, cfg: Path, out: Path, fault: str, steps: str) -> subprocess.CompletedProcess:

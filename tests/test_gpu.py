@@ -117,6 +117,7 @@ d.broadcast([h])
 d.barrier()
 print("RESULT " + json.dumps({"sum": summed, "gathered": gathered, "t": t.tolist(), "h": h.tolist(),
                               "host_group": d.host_group is not None, "device": str(d.device)}), flush=True)
+d.exit()  # as `mmrl train` ends a launched rank (Dist.exit says why)
 """
 
 

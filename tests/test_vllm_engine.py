@@ -357,6 +357,8 @@ rows.append(compare("after an update"))
 rows.append({"tag": "dtype", "engine": str(engine.dtype), "sharded": type(next(pol.model.parameters())).__name__})
 with open(f"{out}/rank-{dist.rank}.json", "w") as f:
     json.dump(rows, f)
+engine.close()  # as `mmrl train` ends a launched rank: the engine first, then Dist.exit (it says why)
+dist.exit()
 """
 
 
