@@ -11,6 +11,7 @@ from mmrl.algos.advantages import (
     group_advantage,
     groups_with_signal,
 )
+from mmrl.algos.cliff import AGRAE, DGPO, NGRPO
 from mmrl.algos.corrections import REWARD_CORRECTIONS, check_reward_correction
 from mmrl.algos.kl import KL_ESTIMATORS, kl_penalised_rewards
 from mmrl.algos.losses import AGGREGATIONS, LOSSES, Aggregation, reduce_stats, register_loss
@@ -23,9 +24,12 @@ from mmrl.presets import PRESETS
 __all__ = [
     "ADVANTAGES",
     "AGGREGATIONS",
+    "AGRAE",
+    "DGPO",
     "KL_ESTIMATORS",
     "LOSSES",
     "MSSR",
+    "NGRPO",
     "PRESETS",
     "REWARD_CORRECTIONS",
     "ROLLOUT_CORRECTIONS",

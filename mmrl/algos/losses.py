@@ -71,7 +71,7 @@ def _check_clip(loss: str, clip_low: float, clip_high: float, dual_clip: float |
         raise ValueError(f"loss {loss!r}: dual_clip must be > 1 or None (algo.dual_clip), got {dual_clip}")
 
 
-def _token_adv(adv: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+def token_adv(adv: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     """``[B]`` -> ``[B, 1]`` (broadcast over tokens); ``[B, T]`` as is."""
     if adv.dim() == 1:
         return adv[:, None]
@@ -135,7 +135,7 @@ def clipped_surrogate(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token clipped surrogate with separate low/high clip (DAPO's clip-higher) and dual clip."""
     _check_clip("clipped", clip_low, clip_high, dual_clip)
-    a = _token_adv(adv, logp)
+    a = token_adv(adv, logp)
     ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))  # [B, T]
     loss = clip_objective(ratio, a, clip_low, clip_high, dual_clip)
     return loss, ratio_stats(ratio, a, mask, clip_low, clip_high, dual_clip)
@@ -161,7 +161,7 @@ def gspo_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO: the clipped objective on the length-normalised sequence ratio, in its token form."""
     _check_clip("gspo", clip_low, clip_high, dual_clip)
-    a = _token_adv(adv, logp)
+    a = token_adv(adv, logp)
     seq = sequence_log_ratio(logp, old_logp, mask).detach()  # [B] sg[log s_i]
     log_ratio = (seq[:, None] + logp - logp.detach()).clamp(-20.0, 20.0)  # [B, T], value log s_i
     ratio = torch.exp(log_ratio)

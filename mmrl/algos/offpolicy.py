@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from mmrl.algos.losses import _token_adv, ratio_stats, register_loss
+from mmrl.algos.losses import ratio_stats, register_loss, token_adv
 from mmrl.distributed import all_reduce_sum
 
 
@@ -161,7 +161,7 @@ def bapo_loss(
     """BAPO: the clipped surrogate on rho clamped to [c_low, c_high], the bounds searched per call
     (:func:`bapo_bounds`), with dual clip for A < 0. ``target`` is pos / neg (1.0: a positive share of 0.5)."""
     _check_bapo(c_low, c_high, c_low_max, c_high_max, (step_low, step_high), target, dual_clip)
-    a = _token_adv(adv, logp)
+    a = token_adv(adv, logp)
     ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))  # [B, T]
     lo, hi, share = bapo_bounds(
         ratio,
