@@ -184,6 +184,11 @@ class RolloutConfig:
     top_k: int = opt("top-k sampling (0 = off)", 0)
     max_new_tokens: int = opt("longest response in tokens; longer ones end with finish_reason 'length'", 64)
     batch_size: int = opt("prompts generated together in one engine call", 16)
+    max_staleness: int = opt(
+        "asynchronous rollouts: batches may be generated this many policy versions ahead of training (0: each step "
+        "generates, then trains, as one process; docs/async.md#asynchronous-rollouts)",
+        0,
+    )
     env: str | None = opt(
         "multi-turn episodes in this env (registered name or module:Class, `mmrl list`); None: one turn each",
         None,

@@ -107,7 +107,7 @@ def packed_hidden(
 
 
 def encode_media_once(
-    pol: Policy, prompts: list[EncodedPrompt], mm: dict[str, torch.Tensor]
+    pol: Policy, prompts: list[EncodedPrompt], mm: dict[str, torch.Tensor], model: Any = None
 ) -> dict[str, Any]:
     """Vision once per prompt: the G rows of a group share one :class:`EncodedPrompt`, and the vision tower encodes
     the micro-batch's distinct prompts' images (and videos) in one call per modality, batched as a processor batches
@@ -119,8 +119,10 @@ def encode_media_once(
     prompt repeats (the model's own forward then encodes the micro-batch,
     in one call too). One tower call per micro-batch and modality whatever the prompts, as in the padded path, so it
     holds under FSDP, where every sharded block's forward and backward is a collective that all ranks must run
-    alike (the update gives every rank the same number of micro-batches: :class:`mmrl.train.update.PolicyUpdate`)."""
-    calls = encoders.encoder_calls(pol.model)
+    alike (the update gives every rank the same number of micro-batches: :class:`mmrl.train.update.PolicyUpdate`).
+    ``model``: another copy of the policy's model to run (an engine's own weights); the policy's by default."""
+    model = pol.model if model is None else model
+    calls = encoders.encoder_calls(model)
     if len({id(p) for p in prompts}) == len(prompts):
         return {}
     if not calls:
@@ -135,7 +137,7 @@ def encode_media_once(
         distinct = list({id(p): p for p in rows}.values())
         inputs = _media_batch(pol, distinct, {k for p in distinct for k in p.mm if k in takes})
         encoded = fn(inputs.pop(pixels), return_dict=True, **inputs)
-        name = f"{pol.model.config.model_type} {modality}"
+        name = f"{model.config.model_type} {modality}"
         parts = dict(zip(map(id, distinct), _split(encoded, distinct, pixels, takes, name)))
         out[modality] = encoders.concat_encoder_outputs([parts[id(p)] for p in rows])
         mm.pop(pixels)

@@ -25,6 +25,9 @@ class Completion:
     text: str  # decoded without special tokens
     logprobs: list[float]  # log pi_old(token) under logits / temperature (logits themselves when greedy)
     finish_reason: Literal["stop", "length"]
+    # the policy version whose weights sampled each token (an engine with weights of its own that an update may
+    # replace while it generates: docs/async.md#asynchronous-rollouts); None where the engine does not record it
+    versions: list[int] | None = None
 
 
 class RolloutEngine(ABC):

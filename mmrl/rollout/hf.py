@@ -27,8 +27,12 @@ Greedy decoding (temperature 0) has no draw: the argmax of the suppressed logits
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
+import threading
+from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +49,10 @@ log = logging.getLogger("mmrl.rollout")
 class _LogprobRecorder:
     """Logits processor recording ``log softmax(scores / temperature)`` of each sampled token, one step late."""
 
-    def __init__(self, temperature: float):
+    def __init__(self, temperature: float, version: Callable[[], int] = lambda: 0):
         self.temperature = temperature
+        self.version = version  # the version of the weights whose scores this step sees
+        self.versions: list[int] = []  # per generated token
         self.prev: torch.Tensor | None = None  # [B, V] scaled scores of the previous step
         self.prev_lse: torch.Tensor | None = None  # [B]
         self.logps: list[torch.Tensor] = []  # each [B]
@@ -58,6 +64,7 @@ class _LogprobRecorder:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.prev is not None:
             self._take(input_ids[:, -1])
+        self.versions.append(self.version())  # the token drawn from these scores
         self.prev = scores.float() / self.temperature
         self.prev_lse = torch.logsumexp(self.prev, dim=-1)
         return scores
@@ -131,13 +138,44 @@ def _warn_truncated_sampling(params: SamplingParams) -> None:
 
 @ENGINES.register("hf")
 class HFEngine(RolloutEngine):
-    def __init__(self, policy: Policy, batch_size: int = 16):
+    """``own_weights``: generate with a copy of the policy's weights (asynchronous rollouts, ``rollout.max_staleness``
+    > 0: the trainer updates its weights while this engine generates). :meth:`sync_weights` then copies the trained
+    weights in between two decoding steps of the requests running (each forward holds a lock the copy waits for), so
+    a response's tokens may come from several versions, each recorded in ``Completion.versions``; the KV cache of the
+    tokens before the copy is kept, as computed (docs/async.md#asynchronous-rollouts). Without it the engine generates
+    with the training model itself and :meth:`sync_weights` has nothing to do."""
+
+    def __init__(self, policy: Policy, batch_size: int = 16, own_weights: bool = False):
         self.policy = policy
         self.batch_size = batch_size
         self._warned = False
+        self.version = 0  # the policy version the generation weights hold: the syncs so far
+        self.model = policy.model
+        self.owns_weights = own_weights
+        self._lock = threading.Lock()
+        self._forward_version = 0  # the version of the weights of the forward that just ran
+        if own_weights:
+            self.model = copy.deepcopy(policy.model).eval().requires_grad_(False)
+            inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            inner.register_forward_pre_hook(self._enter)
+            inner.register_forward_hook(self._leave, always_call=True)
 
-    def sync_weights(self) -> None:  # generation uses the training model itself
-        return None
+    def _enter(self, module, args) -> None:  # noqa: ANN001 (torch's hook signature)
+        self._lock.acquire()
+        self._forward_version = self.version
+
+    def _leave(self, module, args, output) -> None:  # noqa: ANN001
+        self._lock.release()
+
+    def sync_weights(self) -> None:
+        """The trained weights into the copy, between two decoding steps; the version moves on."""
+        if not self.owns_weights:
+            self.version += 1
+            return
+        with self._lock, torch.no_grad():
+            for src, dst in zip(self.policy.model.parameters(), self.model.parameters()):
+                dst.copy_(src.detach())
+            self.version += 1
 
     @torch.no_grad()
     def generate(self, prompts: list[EncodedPrompt], params: SamplingParams) -> list[list[Completion]]:
@@ -160,7 +198,8 @@ class HFEngine(RolloutEngine):
         )
 
         pol, greedy = self.policy, params.temperature <= 0
-        recorder = _LogprobRecorder(1.0 if greedy else params.temperature)
+        version = (lambda: self._forward_version) if self.owns_weights else (lambda: self.version)
+        recorder = _LogprobRecorder(1.0 if greedy else params.temperature, version)
         chain: list = []
         if pol.suppressed_token_ids:
             chain.append(SuppressTokensLogitsProcessor(pol.suppressed_token_ids, device=pol.device))
@@ -178,7 +217,7 @@ class HFEngine(RolloutEngine):
     def _generate_batch(self, prompts: list[EncodedPrompt], params: SamplingParams) -> list[Completion]:
         from transformers import GenerationConfig, LogitsProcessorList
 
-        pol = self.policy
+        pol, model = self.policy, self.model
         ids, attn, mm, P = pol.collate(prompts)
         chain, recorder = self._processors(params)
         # greedy for transformers in both modes: when sampling, the chain ends in _Draw, whose one-hot row argmax
@@ -188,17 +227,17 @@ class HFEngine(RolloutEngine):
             do_sample=False,
             eos_token_id=pol.eos_ids,
             pad_token_id=pol.pad_id,
-            bos_token_id=pol.model.generation_config.bos_token_id,
+            bos_token_id=model.generation_config.bos_token_id,
             use_cache=True,
             return_dict_in_generate=True,
         )
-        pol.model.eval()
-        with pol.autocast(), fp32_head(pol.model.get_output_embeddings()):
+        model.eval()
+        with pol.autocast(), fp32_head(model.get_output_embeddings()):
             # the n rows of a prompt are the same EncodedPrompt: its media go through the vision tower once, and
             # generate gets the features (mm_encoder_outputs) instead of n copies of the pixels
-            with torch.no_grad():
-                mm = mm | encode_media_once(pol, prompts, mm)
-            out = pol.model.generate(
+            with torch.no_grad(), self._lock if self.owns_weights else nullcontext():
+                mm = mm | encode_media_once(pol, prompts, mm, model)
+            out = model.generate(
                 input_ids=ids,
                 attention_mask=attn,
                 generation_config=config,
@@ -210,12 +249,13 @@ class HFEngine(RolloutEngine):
             )
         seqs = out.sequences[:, P:]  # [B, T]
         logp = recorder.finish(seqs)  # [B, T]
-        return [self._completion(seqs[b].tolist(), logp[b].tolist()) for b in range(seqs.shape[0])]
+        versions = recorder.versions[: seqs.shape[1]]
+        return [self._completion(seqs[b].tolist(), logp[b].tolist(), versions) for b in range(seqs.shape[0])]
 
-    def _completion(self, tokens: list[int], logps: list[float]) -> Completion:
+    def _completion(self, tokens: list[int], logps: list[float], versions: list[int]) -> Completion:
         eos = set(self.policy.eos_ids)
         end = next((j + 1 for j, t in enumerate(tokens) if t in eos), None)
         reason = "stop" if end is not None else "length"
         tokens, logps = (tokens[:end], logps[:end]) if end is not None else (tokens, logps)
         text = self.policy.decode(tokens)
-        return Completion(token_ids=tokens, text=text, logprobs=logps, finish_reason=reason)
+        return Completion(tokens, text, logps, reason, versions=list(versions[: len(tokens)]))

@@ -237,6 +237,35 @@ def check_model(cfg: Config) -> None:
         )
 
 
+def check_async(cfg: Config) -> None:
+    """``rollout.max_staleness > 0``: what the asynchronous producer (:mod:`mmrl.train.producer`) supports today."""
+    import os
+
+    k = cfg.rollout.max_staleness
+    if k < 0:
+        raise ConfigError(f"rollout.max_staleness must be >= 0, got {k}")
+    if k == 0:
+        return
+    why = "(docs/async.md#asynchronous-rollouts says what runs asynchronously today)"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError(
+            f"rollout.max_staleness {k} with {os.environ['WORLD_SIZE']} processes: asynchronous rollouts run in one "
+            f"process for now (the producer's gathers would interleave with the update's collectives); set "
+            f"rollout.max_staleness: 0 or run one process {why}"
+        )
+    if cfg.rollout.engine != "hf":
+        raise ConfigError(
+            f"rollout.max_staleness {k} with rollout.engine {cfg.rollout.engine!r}: only the hf engine swaps weights "
+            f"while it generates for now; set rollout.engine: hf or rollout.max_staleness: 0 {why}"
+        )
+    if cfg.algo.old_logprobs != "recompute":
+        raise ConfigError(
+            f"rollout.max_staleness {k}: set algo.old_logprobs: recompute (decoupled PPO's proximal policy, the "
+            "weights before this update; the rollout log-probs are the behaviour policy's, several versions old), "
+            f"and algo.rollout_correction (tis_token: w = pi_prox / mu truncated) to weight the stale tokens {why}"
+        )
+
+
 def check_config(cfg: Config) -> None:
     """All pre-flight checks, cheapest first; raises :class:`ConfigError` with one line."""
     check_rewards(cfg)
@@ -244,5 +273,6 @@ def check_config(cfg: Config) -> None:
     check_data(cfg)
     check_model(cfg)
     check_env(cfg)
+    check_async(cfg)
     check_components(cfg)
     check_trackers(cfg.train)

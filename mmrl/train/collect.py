@@ -87,6 +87,16 @@ def reward_inputs(
 
 
 @dataclass
+class Tally:
+    """What one step's collection counted while its rewards were scored: the reward failures and the scoring time
+    (in the background thread, for ``time/reward_compute``). It travels with the step's :class:`Collected`, so a
+    batch produced ahead of training (:mod:`mmrl.train.producer`) keeps its own."""
+
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    reward_seconds: float = 0.0
+
+
+@dataclass
 class Collected:
     indices: list[int]  # [B] dataset indices
     samples: list[Sample]
@@ -97,6 +107,7 @@ class Collected:
     stats: dict[str, float] = field(default_factory=dict)
     pending: Callable[[], tuple[torch.Tensor, list[Any]]] | None = None
     trajectories: list[list[Trajectory]] = field(default_factory=list)  # [B][G]: the groups' episodes
+    tally: Tally = field(default_factory=lambda: Tally())  # the step's reward errors and scoring time
 
     def resolve(self) -> Collected:
         """Wait for rewards still being computed (``train.overlap_rewards``); a no-op once they are in. Call it on
@@ -127,10 +138,7 @@ class Collector:
         self.cache = PromptCache(cfg.train.prompt_cache_mb * 2**20)
         self.render_root = render_root  # DIR/renders, for train.keep_renders
         self.step = 0  # the step being collected
-        self.errors: list[dict[str, Any]] = []  # reward failures of the current step
-        self.reward_seconds = (
-            0.0  # time spent scoring this step (in the background thread), for time/reward_compute
-        )
+        self.tally = Tally()  # the step being collected: its reward failures and scoring time
         self._thread: ThreadPoolExecutor | None = None
         self.episode_root = episode_root  # DIR/episodes: the env pool's folders (rollout.env)
         self._pool: Any = None
@@ -265,7 +273,7 @@ class Collector:
         in the reward pool) as soon as the chunk is generated, overlapping the next chunk's generation; with
         ``overlap`` they may still be running when this returns (the trainer's old/reference log-prob passes overlap
         them; :meth:`Collected.resolve` waits), else they are waited for here."""
-        mine = self.dist.share(k)
+        mine, tally = self.dist.share(k), self.tally
         with self.stage("sample"):
             idx = self.sampler.select(k)  # global: every rank picks the same
         with self.stage("encode"):
@@ -287,7 +295,7 @@ class Collector:
                     trajs = self.run_episodes(mine_samples, local[s : s + chunk], self.sampling_params())
                     trajs_local += trajs
                     futures.append(
-                        self._reward_thread().submit(self._timed, self.score, mine_samples, trajs, dirs)
+                        self._reward_thread().submit(self._timed, tally, self.score, mine_samples, trajs, dirs)
                     )
 
         def finish() -> tuple[torch.Tensor, list[Any]]:
@@ -299,7 +307,7 @@ class Collector:
                 parts = self.dist.gather((rewards_local, results_local))
             rewards = torch.cat([part[0] for part in parts])  # [k, G]
             results = [r for part in parts for r in part[1]]
-            self.errors += [e for r in results for e in r.errors]
+            tally.errors += [e for r in results for e in r.errors]
             self.sampler.update(idx, rewards)
             return rewards, results
 
@@ -309,6 +317,7 @@ class Collector:
         got = Collected(idx, samples, prompts, groups, None, [], pending=finish, trajectories=trajs_all)
         if self.multi_turn:
             got.stats = episode_metrics(trajs_all)
+        got.tally = tally
         return got if overlap else got.resolve()
 
     def _encode_round(self, idx: list[int], mine: list[int]) -> tuple[list[int], list[EncodedPrompt | None]]:
@@ -348,15 +357,16 @@ class Collector:
                 row = {"where": f"step {self.step} encode", "id": self.data[i].id, "kind": "encode_failed"}
                 f.write(json.dumps(row | {"reason": reason}) + "\n")
 
+    @staticmethod
     def _timed(
-        self, score: Callable[..., tuple[torch.Tensor, list]], *args: Any
+        tally: Tally, score: Callable[..., tuple[torch.Tensor, list]], *args: Any
     ) -> tuple[torch.Tensor, list]:
-        """``score(*args)``, its time added to ``reward_seconds``."""
+        """``score(*args)``, its time added to the step's tally."""
         t0 = time.perf_counter()
         try:
             return score(*args)
         finally:
-            self.reward_seconds += time.perf_counter() - t0
+            tally.reward_seconds += time.perf_counter() - t0
 
     def _reward_thread(self) -> ThreadPoolExecutor:
         """One background thread: rewards are scored in order, one chunk at a time (the composite reward and its
@@ -376,7 +386,7 @@ class Collector:
     def collect(self, step: int) -> Collected:
         """Step ``step``'s batch of ``train.prompts_per_step`` groups (only informative ones under dynamic sampling)."""
         k, a = self.cfg.train.prompts_per_step, self.cfg.algo
-        self.errors, self.step, self.reward_seconds = [], step, 0.0
+        self.tally, self.step = Tally(), step
         if not a.dynamic_sampling:  # rewards may still be running: the trainer resolves them
             got = self.one_round(k, overlap=self.cfg.train.overlap_rewards)
             got.stats |= {"rollout/groups_generated": float(k), "rollout/sampling_rounds": 1.0}
@@ -390,6 +400,7 @@ class Collector:
             kept.append(_select(got, keep))
             if informative >= k:
                 out = _select(_concat(kept), list(range(k)))
+                out.tally = self.tally
                 out.stats = (episode_metrics(out.trajectories) if self.multi_turn else {}) | {
                     "rollout/groups_generated": float(generated),
                     "rollout/sampling_rounds": float(rounds),

@@ -50,6 +50,7 @@ from mmrl.train import step_stats
 from mmrl.train.checks import check_config
 from mmrl.train.collect import ROLLOUTS_LOGGED, Collected, Collector
 from mmrl.train.image_check import ImageCheck
+from mmrl.train.producer import Producer, engine_options
 from mmrl.train.rollout_log import append_rollouts, rollout_rows
 from mmrl.train.update import PolicyUpdate, RolloutBatch, micro_batches
 from mmrl.train.validation import Validator
@@ -143,7 +144,7 @@ class Trainer:
         """The registered components the config names, the optimizer, and the stages that use them."""
         cfg, a = self.cfg, self.cfg.algo
         self.engine = ENGINES.get(cfg.rollout.engine)(
-            self.policy, batch_size=cfg.rollout.batch_size, **cfg.rollout.engine_options
+            self.policy, batch_size=cfg.rollout.batch_size, **cfg.rollout.engine_options, **engine_options(cfg)
         )
         self.sampler = SAMPLERS.get(cfg.sampler.name)(
             len(self.train_data), seed=cfg.train.seed, **cfg.sampler.options
@@ -185,6 +186,9 @@ class Trainer:
             skipped_path=self.out / "skipped.jsonl",
         )
         self.validator = Validator(cfg, eval_data, self.collector, out_dir=self.out)
+        self.producer = Producer(
+            self.collector, self.engine, self.sampler, cfg.rollout.max_staleness, cfg.train.max_steps
+        )
         self._reward_counts: dict[str, int] = {}
 
     def _restore(self, ckpt: Path) -> None:
@@ -235,9 +239,7 @@ class Trainer:
             ) as advance:
                 while self.step < cfg.train.max_steps:
                     self.timings = {}
-                    got = self.collector.collect(
-                        self.step + 1
-                    )  # timed inside: sample, encode, rollout, reward
+                    got = self.producer.take(self.step + 1)  # timed inside: sample, encode, rollout, reward
                     with self.stage("old_logprobs"):
                         batch = self.make_batch(got)
                     with self.stage("image_check"):  # the media reach the policy and the engine
@@ -251,6 +253,7 @@ class Trainer:
                         update_stats = self.updater(batch, self.step)
                     with self.stage("sync_weights"):
                         self.engine.sync_weights()
+                    self.producer.synced()
                     self.step += 1
                     metrics = {
                         "step": self.step,
@@ -264,7 +267,7 @@ class Trainer:
                     )  # read by MSSR's forgetting
                     metrics |= got.stats | self.sampler.stats()
                     metrics |= self.maybe_evaluate() | step_stats.throughput(
-                        got, self.timings, self.collector.reward_seconds, self.updater.tokens
+                        got, self.timings, got.tally.reward_seconds, self.updater.tokens
                     )
                     self.logger.log(metrics)
                     self._write_rollouts(got)
@@ -276,6 +279,7 @@ class Trainer:
                         self.save()
                     advance(self.step, metrics)
         finally:  # also on an exception or SIGTERM (the CLI turns it into SystemExit): no orphaned reward workers
+            self.producer.close()
             self.logger.close()
             self.collector.close()
             self.validator.close()
@@ -406,7 +410,7 @@ class Trainer:
 
     def reward_rollout_stats(self, got: Collected) -> dict[str, float]:
         """The step's reward and rollout statistics (:mod:`mmrl.train.step_stats`); errors go to reward_errors.jsonl."""
-        errors = self.collector.errors
+        errors = got.tally.errors
         pool = self.reward.stats() if self.reward is not None else {}
         env = self.collector.env_stats()
         stats, self._reward_counts = step_stats.reward_stats(got, errors, pool, self._reward_counts, env)
@@ -457,7 +461,7 @@ class Trainer:
         final = root / f"step-{self.step}"
         if d.is_main:
             state = {
-                "sampler": self.sampler.state_dict(),
+                "sampler": self.producer.sampler_state(),
                 "advantage": self.estimator.state_dict(),
                 "last_kl": self.last_kl,
                 "config": to_dict(self.cfg),
