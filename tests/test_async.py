@@ -139,3 +139,29 @@ def test_what_runs_asynchronously_today_is_checked_at_pre_flight(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="one process for now"):
         check_async(load_config(None, base))
+
+
+@pytest.mark.slow
+def test_zoom_episodes_run_ahead_with_each_turns_versions(tmp_path):
+    """The multi-turn zoom world runs in the producer (images in every turn): each turn's tokens carry their version,
+    an episode may span a weight copy (its turns from two versions), none is more than k = 1 version old."""
+    from mmrl.cli import main
+
+    out = tmp_path / "run"
+    args = ["train", "recipes/zoom/tiny.yaml", "--output-dir", str(out), "--max-steps", "4"]
+    args += ["rollout.max_staleness=1", "algo.old_logprobs=recompute", "algo.rollout_correction=tis_token"]
+    args += ["train.prompts_per_step=4", "eval.max_samples=4", "eval.every=0", "train.progress=false"]
+    import os
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the recipe's data and model paths are relative to the checkout
+    try:
+        assert main(args) == 0
+    finally:
+        os.chdir(cwd)
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward/mean" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert r["async/staleness_max"] <= 1 and 0 <= r["async/version_span"] <= 1
+        assert r["episode/errors"] == 0 and r["episode/turns_mean"] >= 1
+    assert rows[0]["async/staleness_max"] == 0 and max(r["async/staleness_max"] for r in rows) == 1

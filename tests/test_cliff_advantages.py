@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_algos import make_input
 
-from mmrl.algos import ADVANTAGES, AdvantageInput
+from mmrl.algos import ADVANTAGES
 from mmrl.algos.cliff import (
     agrae_advantages,
     dgae_advantages,
@@ -25,15 +26,6 @@ NAMES = ("ngrpo", "dgpo", "agrae")
 BATCH = [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
 # response lengths for DGPO's token rebalance: the 2-of-4 group has two empty responses
 LENGTHS = [3, 3, 3, 3, 4, 4, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1]
-
-
-def make_input(rewards: list[list[float]], lengths: list[int] | None = None) -> AdvantageInput:
-    r = torch.tensor(rewards)
-    B, G = r.shape
-    lengths = lengths or [3] * (B * G)
-    T = max(max(lengths), 1)
-    mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).float()
-    return AdvantageInput(r, list(range(B)), torch.full((B * G, T), -0.5) * mask, mask)
 
 
 def close(a: torch.Tensor, expected: list[list[float]], atol: float = 1e-5) -> bool:

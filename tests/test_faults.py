@@ -29,6 +29,11 @@ def _rows(run: Path) -> list[dict]:
     ]
 
 
+def _train(cfg: Path, out: Path, *args: str, cwd: Path) -> None:
+    """A 2-process `mmrl train` of ``cfg`` into ``out`` that must succeed."""
+    torchrun(2, "-m", "mmrl", "train", str(cfg), "--output-dir", str(out), *args, cwd=cwd)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The shapes run config and each layout's uninterrupted 6-step run (checkpoints every 2 steps)."""
@@ -37,32 +42,38 @@ def runs(tmp_path_factory):
     full = {}
     for layout, extra in (("ddp", []), ("fsdp", ["train.fsdp=true"])):
         out = tmp / f"full-{layout}"
-        torchrun(
-            2,
-            "-m",
-            "mmrl",
-            "train",
-            str(cfg),
-            "--output-dir",
-            str(out),
-            "--max-steps",
-            STEPS,
-            *extra,
-            cwd=tmp,
-        )
+        _train(cfg, out, "--max-steps", STEPS, *extra, cwd=tmp)
         full[layout] = _rows(out)
     return tmp, cfg, full
+
+
+def _launch(
+    cfg: Path | str, out: Path, fault: str, *args: str, cwd: Path
+) -> tuple[subprocess.CompletedProcess, float]:
+    """`mmrl train` of ``cfg`` on 2 processes with ``fault`` injected (tests/fault_launch.py), and its seconds."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += [
+        str(ROOT / "tests" / "fault_launch.py"),
+        fault,
+        "--",
+        "train",
+        str(cfg),
+        "--output-dir",
+        str(out),
+        *args,
+    ]
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=BASE_ENV, timeout=TIMEOUT_S + 480)
+    return r, time.monotonic() - t0
 
 
 def _faulty(
     tmp: Path, cfg: Path, out: Path, fault: str, extra: list[str]
 ) -> tuple[subprocess.CompletedProcess, float]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += [str(ROOT / "tests" / "fault_launch.py"), fault, "--", "train", str(cfg), "--output-dir", str(out)]
-    cmd += ["--max-steps", STEPS, f"train.dist_timeout_s={TIMEOUT_S}", *extra]
-    t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=BASE_ENV, timeout=TIMEOUT_S + 120)
-    return r, time.monotonic() - t0
+    """A run that the fault must stop (the collective timeout at TIMEOUT_S)."""
+    return _launch(
+        cfg, out, fault, "--max-steps", STEPS, f"train.dist_timeout_s={TIMEOUT_S}", *extra, cwd=tmp
+    )
 
 
 def _root_cause(stderr: str) -> str:
@@ -98,20 +109,7 @@ def test_a_rank_killed_stops_the_job_names_it_and_resume_continues_exactly(runs,
     if fault.startswith("kill_saving"):
         assert (ckpts / f"step-{step}.tmp").is_dir()  # written, never promoted
         assert not (ckpts / f"step-{step}").exists()
-    torchrun(
-        2,
-        "-m",
-        "mmrl",
-        "train",
-        str(cfg),
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        STEPS,
-        "--resume",
-        *extra,
-        cwd=tmp,
-    )
+    _train(cfg, out, "--max-steps", STEPS, "--resume", *extra, cwd=tmp)
     assert _rows(out) == full[layout]  # every step's metrics, the steps before the fault and after the resume
     assert not list(ckpts.glob("*.tmp"))  # the stale staging folder was replaced and promoted
 
@@ -148,13 +146,9 @@ def test_a_rank_that_stops_answering_ends_the_job_after_the_collective_timeout(r
     )  # for the record: timeout + the launcher's grace
 
 
-def _faulty_finishes(tmp: Path, cfg: Path, out: Path, fault: str, steps: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += [str(ROOT / "tests" / "fault_launch.py"), fault, "--", "train", str(cfg), "--output-dir", str(out)]
-    cmd += ["--max-steps", steps]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=BASE_ENV, timeout=600)
+def _faulty_finishes(cwd: Path, cfg: Path | str, out: Path, fault: str, *args: str) -> None:
+    r, _ = _launch(cfg, out, fault, *args, cwd=cwd)
     assert r.returncode == 0, r.stderr[-3000:]
-    return r
 
 
 @pytest.mark.parametrize("fault", ["kill_reward_worker:1:3", "kill_idle_reward_worker:1:3"])
@@ -169,19 +163,8 @@ def test_a_reward_worker_killed_costs_nothing(tmp_path, fault):
         f'rewards: [{{name: exact_match}}, {{name: "{plugin}:slow_parity", weight: 0.5}}]',
     )
     cfg.write_text(text)
-    torchrun(
-        2,
-        "-m",
-        "mmrl",
-        "train",
-        str(cfg),
-        "--output-dir",
-        str(tmp_path / "full"),
-        "--max-steps",
-        "3",
-        cwd=tmp_path,
-    )
-    _faulty_finishes(tmp_path, cfg, tmp_path / "killed", fault, "3")
+    _train(cfg, tmp_path / "full", "--max-steps", "3", cwd=tmp_path)
+    _faulty_finishes(tmp_path, cfg, tmp_path / "killed", fault, "--max-steps", "3")
     full, killed = (
         read_metrics(tmp_path / "full" / "metrics.jsonl"),
         read_metrics(tmp_path / "killed" / "metrics.jsonl"),
@@ -197,25 +180,8 @@ def test_an_env_worker_killed_ends_one_episode_and_the_run_goes_on(tmp_path):
     worker ends with the error (the pool cannot tell a kill from an action that crashes the env), the worker's other
     episodes are replayed on a new worker (the world is deterministic) and go on, and the run finishes with the
     crash, the restart and the replays counted over the ranks."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += [
-        str(ROOT / "tests" / "fault_launch.py"),
-        "kill_env_worker:1:3",
-        "--",
-        "train",
-        "recipes/zoom/tiny.yaml",
-    ]
-    cmd += [
-        "--output-dir",
-        str(tmp_path / "run"),
-        "--max-steps",
-        "3",
-        "train.prompts_per_step=2",
-        "rollout.n=4",
-    ]
-    cmd += ["eval.max_samples=4"]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=BASE_ENV, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    zoom = ["--max-steps", "3", "train.prompts_per_step=2", "rollout.n=4", "eval.max_samples=4"]
+    _faulty_finishes(ROOT, "recipes/zoom/tiny.yaml", tmp_path / "run", "kill_env_worker:1:3", *zoom)
     rows = [x for x in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in x]
     assert [x["step"] for x in rows] == [1, 2, 3]
     total = {k: sum(x[f"sys/env_{k}"] for x in rows) for k in ("crashes", "restarts", "replays", "lost")}

@@ -11,7 +11,8 @@ TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
 MATHVISTA = ROOT / "tests" / "data" / "eval" / "mathvista" / "testmini.json"
 
 
-def test_training_validates_with_the_benchmark_scorer(tmp_path):
+def _config(tmp_path: Path, benchmark_data: Path, max_new_tokens: int) -> Path:
+    """A 2-prompt shapes run validated on the MathVista items of ``benchmark_data``."""
     from mmrl.recipes.shapes.data import build
 
     build(tmp_path / "data", n_train=8, n_eval=2, seed=1)
@@ -22,10 +23,15 @@ model: {{path: {TINY}, min_pixels: 3136, max_pixels: 12544}}
 data: {{train: data/train.jsonl}}
 rollout: {{n: 2, max_new_tokens: 4, batch_size: 8}}
 rewards: [{{name: exact_match}}]
-eval: {{benchmark: mathvista, benchmark_data: {MATHVISTA}, max_samples: 6, max_new_tokens: 8}}
+eval: {{benchmark: mathvista, benchmark_data: {benchmark_data}, max_samples: 6, max_new_tokens: {max_new_tokens}}}
 train: {{prompts_per_step: 2, progress: false}}
 """
     )
+    return cfg
+
+
+def test_training_validates_with_the_benchmark_scorer(tmp_path):
+    cfg = _config(tmp_path, MATHVISTA, max_new_tokens=8)
     out = tmp_path / "run"
     assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "1"]) == 0
     rows = read_metrics(out / "metrics.jsonl")
@@ -58,26 +64,13 @@ def test_training_validation_screens_the_benchmark_items_as_mmrl_eval_does(tmp_p
     import json
     import shutil
 
-    from mmrl.recipes.shapes.data import build
-
     bench = tmp_path / "mathvista"
     shutil.copytree(MATHVISTA.parent, bench)
     items = json.loads((bench / "testmini.json").read_text())
     bad = sorted(items)[1]
     items[bad]["question"] += " <|image_pad|>"
     (bench / "testmini.json").write_text(json.dumps(items))
-    build(tmp_path / "data", n_train=8, n_eval=2, seed=1)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(
-        f"""
-model: {{path: {TINY}, min_pixels: 3136, max_pixels: 12544}}
-data: {{train: data/train.jsonl}}
-rollout: {{n: 2, max_new_tokens: 4, batch_size: 8}}
-rewards: [{{name: exact_match}}]
-eval: {{benchmark: mathvista, benchmark_data: {bench / "testmini.json"}, max_samples: 6, max_new_tokens: 4}}
-train: {{prompts_per_step: 2, progress: false}}
-"""
-    )
+    cfg = _config(tmp_path, bench / "testmini.json", max_new_tokens=4)
     out = tmp_path / "run"
     assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "1"]) == 0
     listed = [json.loads(x) for x in (out / "eval_skipped.jsonl").read_text().splitlines()]

@@ -295,7 +295,9 @@ class Collector:
                     trajs = self.run_episodes(mine_samples, local[s : s + chunk], self.sampling_params())
                     trajs_local += trajs
                     futures.append(
-                        self._reward_thread().submit(self._timed, tally, self.score, mine_samples, trajs, dirs)
+                        self._reward_thread().submit(
+                            self._timed, tally, self.score, mine_samples, trajs, dirs
+                        )
                     )
 
         def finish() -> tuple[torch.Tensor, list[Any]]:

@@ -144,7 +144,10 @@ class Trainer:
         """The registered components the config names, the optimizer, and the stages that use them."""
         cfg, a = self.cfg, self.cfg.algo
         self.engine = ENGINES.get(cfg.rollout.engine)(
-            self.policy, batch_size=cfg.rollout.batch_size, **cfg.rollout.engine_options, **engine_options(cfg)
+            self.policy,
+            batch_size=cfg.rollout.batch_size,
+            **cfg.rollout.engine_options,
+            **engine_options(cfg),
         )
         self.sampler = SAMPLERS.get(cfg.sampler.name)(
             len(self.train_data), seed=cfg.train.seed, **cfg.sampler.options
