@@ -69,8 +69,8 @@ def _unlink_mapped_cpu_shm() -> None:
     for path in paths:
         try:
             os.unlink(path.removesuffix(" (deleted)"))
-        except OSError:
-            pass  # already unlinked by the group's other rank
+        except FileNotFoundError:  # already unlinked by the group's other rank
+            continue
 
 
 def _destroy_process_group() -> None:
@@ -334,8 +334,8 @@ def _state(pid: int) -> str:
             os.kill(pid, 0)
         except ProcessLookupError:
             return "gone"
-        except OSError:
-            pass
+        except PermissionError:  # it exists, another user's
+            return "?"
         return "?"
 
 

@@ -29,7 +29,7 @@ class FakeLLM:
         FakeLLM.calls.append(kwargs)
 
     def sleep(self, level: int) -> None:
-        pass
+        self.slept = level  # offload puts the judge to sleep right after it is built
 
 
 @pytest.fixture
