@@ -165,3 +165,33 @@ def test_fp32_head_keeps_the_chunked_memory_bound(frozen):
     small, large = _peak(1024, frozen), _peak(8192, frozen)
     assert large < small + chunk_bytes, (small, large)
     assert large < full / 3, (large, full)
+
+
+def test_fp32_head_from_two_threads():
+    """Asynchronous rollouts generate in the producer thread while held-out validation generates with the same
+    engine in the trainer's: blocks on one head overlap and end in either order, and the head is restored after the
+    last one."""
+    import threading
+
+    from mmrl.model.logprobs import fp32_head
+
+    head = torch.nn.Linear(4, 3).to(torch.bfloat16)
+    x = torch.randn(2, 4, dtype=torch.bfloat16)
+    inside, leave_first = threading.Barrier(2), threading.Event()
+    dtypes: list[torch.dtype] = []
+
+    def first() -> None:
+        with fp32_head(head):
+            inside.wait()
+            leave_first.wait()  # leaves while the second is still inside
+        dtypes.append(head(x).dtype)
+
+    t = threading.Thread(target=first)
+    t.start()
+    with fp32_head(head):
+        inside.wait()
+        leave_first.set()
+        t.join()
+        assert "forward" in head.__dict__ and head(x).dtype == torch.float32  # still patched for this block
+    assert "forward" not in head.__dict__ and head(x).dtype == torch.bfloat16
+    assert dtypes == [torch.float32]  # the first left; the second block kept the patch

@@ -36,6 +36,7 @@ distribution scored here is exactly the one the rollout engines sample from.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -55,17 +56,33 @@ def head_logits(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tens
         return head(hidden.to(dtype)).float()
 
 
+_patched: dict[int, int] = {}  # id(head) -> how many fp32_head blocks are open on it
+_patch_lock = threading.Lock()
+
+
 @contextmanager
 def fp32_head(head: torch.nn.Module) -> Iterator[None]:
-    """Within: calling ``head`` returns :func:`head_logits` (fp32), for code that runs the model's own forward."""
+    """Within: calling ``head`` returns :func:`head_logits` (fp32), for code that runs the model's own forward.
+
+    Re-entrant and thread-safe: with asynchronous rollouts the producer's generation and the trainer's held-out
+    validation run the same engine's model from two threads; the patch stays until the last block on the head ends."""
     if not isinstance(head, torch.nn.Linear):
         yield
         return
-    head.forward = lambda hidden: head_logits(head, hidden)  # the instance attribute shadows Linear.forward
+    with _patch_lock:
+        if _patched.get(id(head), 0) == 0:
+            head.forward = lambda hidden: head_logits(
+                head, hidden
+            )  # the instance attribute shadows Linear.forward
+        _patched[id(head)] = _patched.get(id(head), 0) + 1
     try:
         yield
     finally:
-        del head.forward
+        with _patch_lock:
+            _patched[id(head)] -= 1
+            if _patched[id(head)] == 0:
+                del _patched[id(head)]
+                del head.forward
 
 
 def _scaled_masked(logits: torch.Tensor, temperature: float, drop: torch.Tensor | None) -> torch.Tensor:
