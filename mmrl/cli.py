@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
 
 def _exit_cleanly_on_sigterm() -> None:
@@ -47,8 +49,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from mmrl.run.rundir import RunFinished
     from mmrl.train.trainer import Trainer
 
+    dist = None
+    if cfg.rollout.placement == "separate":  # the last processes generate (docs/async.md#separate-placement)
+        from mmrl.distributed import Dist
+        from mmrl.train.checks import check_config
+
+        check_config(cfg)
+        dist = Dist(cfg.train.dist_timeout_s, rollout_processes=cfg.rollout.rollout_processes)
+        if dist.generates:
+            return _generate(cfg, args, dist)
     try:
-        trainer = Trainer(cfg, args.output_dir, resume=args.resume, overwrite=args.overwrite)
+        trainer = Trainer(cfg, args.output_dir, resume=args.resume, overwrite=args.overwrite, dist=dist)
     except RunFinished as e:
         print(f"{e}: nothing to do")
         return 0
@@ -69,6 +80,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
             )
         print(f"report: {summary['html']}  {summary['markdown']}  plot: {summary['plot']}")
     trainer.dist.exit(0)  # a launched rank ends here, without the interpreter's teardown (Dist.exit says why)
+    return 0
+
+
+def _generate(cfg: Any, args: argparse.Namespace, dist: Any) -> int:
+    """A generating process of a separate placement: it serves the trainers' batches until they stop it."""
+    from mmrl.train.placement import serve
+
+    _exit_cleanly_on_sigterm()
+    try:
+        serve(cfg, Path(args.output_dir), dist)
+    except BaseException as e:
+        dist.fail(e, brief=isinstance(e, _user_errors()))
+        raise
+    dist.exit(0)
     return 0
 
 

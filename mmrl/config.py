@@ -189,6 +189,13 @@ class RolloutConfig:
         "generates, then trains, as one process; docs/async.md#asynchronous-rollouts)",
         0,
     )
+    placement: Literal["colocated", "separate"] = opt(
+        "colocated: every process generates and trains; separate: under a launcher the last "
+        "rollout.rollout_processes processes only generate and the others only train, weights pushed to the "
+        "generating ones after each update (docs/async.md#separate-placement)",
+        "colocated",
+    )
+    rollout_processes: int = opt("with placement separate: how many of the launched processes generate", 1)
     env: str | None = opt(
         "multi-turn episodes in this env (registered name or module:Class, `mmrl list`); None: one turn each",
         None,

@@ -93,12 +93,26 @@ def _sum_hook(group, bucket):  # no annotations: DDP checks them against its own
     return fut.then(lambda f: f.value()[0])
 
 
+_TRAIN_GROUP: Any = None  # the training processes' group under a separate placement (None: the default group)
+
+
 class Dist:
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """The processes that train (all of them, or under a separate placement the training group): ``rank`` and
+    ``world`` count those, and every collective here runs among them. ``rollout_processes`` > 0 (a separate
+    placement, docs/async.md#separate-placement): the last that many launched processes generate instead; they get
+    a ``Dist`` too (``generates`` True) whose ``link`` groups reach the trainers (:mod:`mmrl.train.placement`)."""
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, rollout_processes: int = 0) -> None:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = 0
         self.device: torch.device = torch.device("cpu")
         self.host_group: Any = None  # None: the default group serves host tensors itself
+        self.group: Any = None  # the training group (None: the default group, every process)
+        self.global_rank, self.global_world = 0, self.world
+        self.generates = False  # a generating process of a separate placement
+        self.weights_group: Any = None  # separate placement: training rank 0 and the generating processes
+        self.data_group: Any = None  # separate placement: every process, gloo (pickled batches)
+        self.generators: list[int] = []  # separate placement: the generating processes' global ranks
         self.peers: list[tuple[str, int]] = []  # every rank's (machine, pid), read once at the start
         self.timeout_s = timeout_s
         # a launcher (torchrun, accelerate) exports these; it gets a process group even for one process, so that
@@ -111,10 +125,55 @@ class Dist:
             timeout = timedelta(seconds=timeout_s)
             state = PartialState(backend=backend, timeout=timeout)  # a group made before is kept as it is
             self.rank, self.world, self.device = state.process_index, state.num_processes, state.device
-            if not _serves_cpu(torch.distributed.distributed_c10d._get_default_group()):
+            self.global_rank, self.global_world = self.rank, self.world
+            if rollout_processes:
+                self._split(rollout_processes, timeout)
+            elif not _serves_cpu(torch.distributed.distributed_c10d._get_default_group()):
                 self.host_group = torch.distributed.new_group(backend="gloo", timeout=timeout)
             atexit.register(_destroy_process_group)  # for a process that ends without close()
-            self.peers = _announce(self.rank, self.world)
+            self.peers = _announce(self.global_rank, self.global_world)
+
+    def _split(self, g: int, timeout: timedelta) -> None:
+        """A separate placement: global ranks [0, W - g) train, [W - g, W) generate. Every process makes every group
+        (torch's ``new_group`` is collective), in the same order."""
+        global _TRAIN_GROUP
+        W = self.global_world
+        if not 0 < g < W:
+            raise ValueError(
+                f"rollout.rollout_processes = {g} of {W} launched processes: a separate placement needs at least one "
+                "process that trains and one that generates"
+            )
+        new = torch.distributed.new_group
+        trainers, self.generators = list(range(W - g)), list(range(W - g, W))
+        train_group = new(trainers, timeout=timeout)
+        host = new(trainers, backend="gloo", timeout=timeout)
+        self.weights_group = new([0, *self.generators], timeout=timeout)
+        self.data_group = new(list(range(W)), backend="gloo", timeout=timeout)
+        self.generates = self.global_rank >= W - g
+        if self.generates:  # its own rank among the generating processes; it trains with nobody
+            self.rank, self.world = self.global_rank - (W - g), g
+            return
+        self.group, self.world = train_group, W - g
+        self.host_group = host if not _serves_cpu(train_group) else train_group
+        _TRAIN_GROUP = train_group
+
+    def alone(self) -> Dist:
+        """A ``Dist`` of this process alone (rank 0 of 1, no collectives) on this one's device: what a generating
+        process's collector and rewards see, as a single-process run's."""
+        d = Dist.__new__(Dist)
+        d.__dict__.update(self.__dict__)
+        d.rank, d.world, d.active, d.peers = 0, 1, False, []
+        d.group = d.host_group = d.weights_group = d.data_group = None
+        d.generates = False
+        return d
+
+    def mesh(self) -> Any:
+        """FSDP2's device mesh over the training processes (None: every process, torch's default)."""
+        if self.group is None:
+            return None
+        from torch.distributed.device_mesh import DeviceMesh
+
+        return DeviceMesh.from_group(self.group, self.device.type)
 
     @property
     def is_main(self) -> bool:
@@ -122,7 +181,7 @@ class Dist:
 
     def group_for(self, t: torch.Tensor) -> Any:
         """The group that moves tensors on ``t``'s device (None = the default group)."""
-        return self.host_group if t.device.type == "cpu" else None
+        return self.host_group if t.device.type == "cpu" else self.group
 
     def share(self, n: int) -> range:
         """This rank's contiguous share of ``n`` items (whole groups); ``n`` must divide evenly."""
@@ -180,7 +239,10 @@ class Dist:
         then unregister the process groups. Their C++ objects live on while a model (DDP's reducer, FSDP's mesh)
         holds them; :meth:`exit` ends the process safely with them."""
         if self.active and torch.distributed.is_initialized():
-            self.barrier()
+            if not self.generates:
+                self.barrier()
+            if self.data_group is not None:  # a separate placement: the generating processes too
+                torch.distributed.barrier(group=self.data_group)
             _destroy_process_group()
 
     def exit(self, code: int = 0) -> None:
@@ -216,7 +278,7 @@ class Dist:
         return [
             r
             for r, (machine, pid) in enumerate(self.peers)
-            if r != self.rank and machine == me and _state(pid) in states
+            if r != self.global_rank and machine == me and _state(pid) in states
         ]
 
     def fail(self, exc: BaseException, *, brief: bool = False) -> None:
@@ -254,7 +316,7 @@ class Dist:
                 while not lost and time.monotonic() < deadline:
                     time.sleep(0.05)
                     lost = self.lost_peers()
-            line = f"mmrl: rank {self.rank} of {self.world} stops: {type(exc).__name__}: {exc}"
+            line = f"mmrl: rank {self.global_rank} of {self.global_world} stops: {type(exc).__name__}: {exc}"
             stopped = self.lost_peers(("T", "t"))
             if lost:
                 names = ", ".join(str(r) for r in lost)
@@ -292,8 +354,9 @@ class Dist:
             init_sync=False,
             find_unused_parameters=True,
             gradient_as_bucket_view=True,  # gradients live in the buckets: no second copy of them
+            process_group=self.group,
         )
-        ddp.register_comm_hook(None, _sum_hook)
+        ddp.register_comm_hook(self.group, _sum_hook)
         return ddp
 
 
@@ -395,5 +458,5 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     registered ``collective=True`` gets the ranks' micro-batches padded to the same count by the update), and ``t``
     must live where the default group moves tensors (the policy's device)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(t)
+        torch.distributed.all_reduce(t, group=_TRAIN_GROUP)
     return t

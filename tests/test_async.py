@@ -137,8 +137,16 @@ def test_what_runs_asynchronously_today_is_checked_at_pre_flight(monkeypatch):
     with pytest.raises(ConfigError, match=">= 0"):
         check_async(load_config(None, ["rollout.max_staleness=-1"]))
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match="one process for now"):
+    with pytest.raises(ConfigError, match="2 colocated processes"):
         check_async(load_config(None, base))
+    check_async(load_config(None, [*base, "rollout.placement=separate"]))  # one trains, one generates
+    with pytest.raises(ConfigError, match="one generating process for now"):
+        check_async(load_config(None, [*base, "rollout.placement=separate", "rollout.rollout_processes=2"]))
+    with pytest.raises(ConfigError, match="hf engine only"):
+        check_async(load_config(None, ["rollout.placement=separate", "rollout.engine=vllm"]))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ConfigError, match="at least 2 processes"):
+        check_async(load_config(None, ["rollout.placement=separate"]))
 
 
 @pytest.mark.slow

@@ -74,8 +74,11 @@ def _run(self: torch.nn.Module, fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype) -> list[torch.nn.Module]:
-    """``fully_shard`` each block named in ``model._no_split_modules``, then the root; returns the sharded
+def shard_model(
+    model: torch.nn.Module, compute_dtype: torch.dtype, mesh: Any = None
+) -> list[torch.nn.Module]:
+    """``fully_shard`` each block named in ``model._no_split_modules``, then the root, over ``mesh`` (None: every
+    process; a separate placement's training processes: :meth:`mmrl.distributed.Dist.mesh`); returns the sharded
     modules (root last)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
@@ -91,8 +94,8 @@ def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype) -> list[torc
     )
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     for block in blocks:
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
     model.mmrl_run = types.MethodType(_run, model)
     register_fsdp_forward_method(model, RUN_METHOD)
     # FSDP makes the first module whose forward runs the root. HF's generate runs the vision tower's blocks before
@@ -140,22 +143,27 @@ def stream_full_tensors(
         yield name, t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def save_sharded_optimizer(model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path) -> None:
-    """The optimizer state, each rank writing its own shard with torch's distributed checkpoint (a collective)."""
+def save_sharded_optimizer(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path, group: Any = None
+) -> None:
+    """The optimizer state, each rank writing its own shard with torch's distributed checkpoint (a collective of
+    ``group``: the training processes, None = every process)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    dcp.save({"optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=str(folder))
+    dcp.save({"optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=str(folder), process_group=group)
 
 
-def load_sharded_optimizer(model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path) -> None:
+def load_sharded_optimizer(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path, group: Any = None
+) -> None:
     """Read back :func:`save_sharded_optimizer`'s state, each rank only its shard (resharded by DCP if the number
-    of processes changed); a collective."""
+    of processes changed); a collective of ``group``."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     state = {"optim": get_optimizer_state_dict(model, opt)}
-    dcp.load(state, checkpoint_id=str(folder))
+    dcp.load(state, checkpoint_id=str(folder), process_group=group)
     set_optimizer_state_dict(model, opt, state["optim"])
 
 

@@ -143,7 +143,7 @@ class Policy:
         from mmrl.model.fsdp import shard_model
 
         self.dist = dist or Dist()
-        self.sharded = shard_model(self.model, self.compute_dtype)
+        self.sharded = shard_model(self.model, self.compute_dtype, self.dist.mesh())
 
     def replicate(self, dist: Any) -> None:
         """Sum gradients over the processes with torch's DDP (:meth:`mmrl.distributed.Dist.replicate`): scoring

@@ -31,8 +31,8 @@ import copy
 import logging
 import math
 import threading
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -145,7 +145,9 @@ class HFEngine(RolloutEngine):
     tokens before the copy is kept, as computed (docs/async.md#asynchronous-rollouts). Without it the engine generates
     with the training model itself and :meth:`sync_weights` has nothing to do."""
 
-    def __init__(self, policy: Policy, batch_size: int = 16, own_weights: bool = False):
+    def __init__(
+        self, policy: Policy, batch_size: int = 16, own_weights: bool = False, in_flight: bool = False
+    ):
         self.policy = policy
         self.batch_size = batch_size
         self._warned = False
@@ -154,8 +156,10 @@ class HFEngine(RolloutEngine):
         self.owns_weights = own_weights
         self._lock = threading.Lock()
         self._forward_version = 0  # the version of the weights of the forward that just ran
+        self._hooked = own_weights or in_flight  # forwards hold the lock: weights may change in between
         if own_weights:
             self.model = copy.deepcopy(policy.model).eval().requires_grad_(False)
+        if self._hooked:
             inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
             inner.register_forward_pre_hook(self._enter)
             inner.register_forward_hook(self._leave, always_call=True)
@@ -166,6 +170,16 @@ class HFEngine(RolloutEngine):
 
     def _leave(self, module, args, output) -> None:  # noqa: ANN001
         self._lock.release()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Between two decoding steps of the requests running (``in_flight``): no forward runs inside, so the
+        generation weights may be replaced here (a generating process of a separate placement loads the pushed
+        weights, :mod:`mmrl.train.placement`); the KV cache of the tokens so far is kept."""
+        if not self._hooked:
+            raise RuntimeError("HFEngine.paused needs in_flight=True (or own_weights=True)")
+        with self._lock:
+            yield
 
     def sync_weights(self) -> None:
         """The trained weights into the copy, between two decoding steps; the version moves on."""
@@ -198,7 +212,7 @@ class HFEngine(RolloutEngine):
         )
 
         pol, greedy = self.policy, params.temperature <= 0
-        version = (lambda: self._forward_version) if self.owns_weights else (lambda: self.version)
+        version = (lambda: self._forward_version) if self._hooked else (lambda: self.version)
         recorder = _LogprobRecorder(1.0 if greedy else params.temperature, version)
         chain: list = []
         if pol.suppressed_token_ids:
@@ -235,7 +249,7 @@ class HFEngine(RolloutEngine):
         with pol.autocast(), fp32_head(model.get_output_embeddings()):
             # the n rows of a prompt are the same EncodedPrompt: its media go through the vision tower once, and
             # generate gets the features (mm_encoder_outputs) instead of n copies of the pixels
-            with torch.no_grad(), self._lock if self.owns_weights else nullcontext():
+            with torch.no_grad(), self._lock if self._hooked else nullcontext():
                 mm = mm | encode_media_once(pol, prompts, mm, model)
             out = model.generate(
                 input_ids=ids,

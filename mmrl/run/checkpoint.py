@@ -142,10 +142,11 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def load_training_state(
-    path: Path, optimizer: Any, scheduler: Any, rank: int = 0, model: Any = None
+    path: Path, optimizer: Any, scheduler: Any, rank: int = 0, model: Any = None, group: Any = None
 ) -> dict[str, Any]:
     """Restore the optimizer, scheduler and this rank's RNG; return ``state.json``. ``model``: the sharded (FSDP)
-    model, whose optimizer state was saved sharded (``optimizer/``, read back shard by shard)."""
+    model, whose optimizer state was saved sharded (``optimizer/``, read back shard by shard by the processes of
+    ``group``)."""
     sharded = (path / "optimizer").is_dir()
     if sharded != (model is not None):
         saved, now = ("sharded (FSDP)", "unsharded") if sharded else ("unsharded", "sharded (FSDP)")
@@ -156,7 +157,7 @@ def load_training_state(
     if model is not None:
         from mmrl.model.fsdp import load_sharded_optimizer
 
-        load_sharded_optimizer(model, optimizer, path / "optimizer")
+        load_sharded_optimizer(model, optimizer, path / "optimizer", group)
     else:
         optimizer.load_state_dict(_load(path / "optimizer.pt"))
     scheduler.load_state_dict(_load(path / "scheduler.pt"))

@@ -241,19 +241,36 @@ def check_async(cfg: Config) -> None:
     """``rollout.max_staleness > 0``: what the asynchronous producer (:mod:`mmrl.train.producer`) supports today."""
     import os
 
-    k = cfg.rollout.max_staleness
+    k, r = cfg.rollout.max_staleness, cfg.rollout
     if k < 0:
         raise ConfigError(f"rollout.max_staleness must be >= 0, got {k}")
+    why = "(docs/async.md#asynchronous-rollouts says what runs asynchronously today)"
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if r.placement == "separate":
+        if world < 2:
+            raise ConfigError(
+                "rollout.placement: separate needs a launcher with at least 2 processes (one trains, one generates): "
+                "`torchrun --nproc_per_node 2 -m mmrl train ...`; or set rollout.placement: colocated"
+            )
+        if r.rollout_processes != 1:
+            raise ConfigError(
+                f"rollout.rollout_processes {r.rollout_processes}: one generating process for now (several would "
+                f"each need the sampler's one draw order); set it to 1 {why}"
+            )
+        if r.engine != "hf":
+            raise ConfigError(
+                f"rollout.placement: separate with rollout.engine {r.engine!r}: the generating process loads pushed "
+                f"weights into the hf engine only for now; set rollout.engine: hf {why}"
+            )
     if k == 0:
         return
-    why = "(docs/async.md#asynchronous-rollouts says what runs asynchronously today)"
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if world > 1 and r.placement == "colocated":
         raise ConfigError(
-            f"rollout.max_staleness {k} with {os.environ['WORLD_SIZE']} processes: asynchronous rollouts run in one "
-            f"process for now (the producer's gathers would interleave with the update's collectives); set "
-            f"rollout.max_staleness: 0 or run one process {why}"
+            f"rollout.max_staleness {k} with {world} colocated processes: asynchronous rollouts run in one process "
+            f"or with rollout.placement: separate for now (the producer's gathers would interleave with the "
+            f"update's collectives); set rollout.max_staleness: 0, run one process, or separate the placement {why}"
         )
-    if cfg.rollout.engine != "hf":
+    if r.engine != "hf":
         raise ConfigError(
             f"rollout.max_staleness {k} with rollout.engine {cfg.rollout.engine!r}: only the hf engine swaps weights "
             f"while it generates for now; set rollout.engine: hf or rollout.max_staleness: 0 {why}"

@@ -108,6 +108,10 @@ class Collected:
     pending: Callable[[], tuple[torch.Tensor, list[Any]]] | None = None
     trajectories: list[list[Trajectory]] = field(default_factory=list)  # [B][G]: the groups' episodes
     tally: Tally = field(default_factory=lambda: Tally())  # the step's reward errors and scoring time
+    # made in another process (a separate placement's generating one, mmrl.train.placement): its stage timings and
+    # the sampler's state after this batch's draw and rewards
+    timings: dict[str, float] = field(default_factory=dict)
+    sampler_after: dict[str, Any] | None = None
 
     def resolve(self) -> Collected:
         """Wait for rewards still being computed (``train.overlap_rewards``); a no-op once they are in. Call it on

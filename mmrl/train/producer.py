@@ -38,7 +38,8 @@ from mmrl.train.collect import Collected, Collector
 
 def engine_options(cfg: Config) -> dict[str, Any]:
     """What the rollout engine needs beyond its own options: its own copy of the weights when it runs ahead."""
-    return {"own_weights": True} if cfg.rollout.max_staleness > 0 else {}
+    colocated = cfg.rollout.placement == "colocated"
+    return {"own_weights": True} if cfg.rollout.max_staleness > 0 and colocated else {}
 
 
 class Producer:

@@ -50,6 +50,7 @@ from mmrl.train import step_stats
 from mmrl.train.checks import check_config
 from mmrl.train.collect import ROLLOUTS_LOGGED, Collected, Collector
 from mmrl.train.image_check import ImageCheck
+from mmrl.train.placement import Receiver, announce_start
 from mmrl.train.producer import Producer, engine_options
 from mmrl.train.rollout_log import append_rollouts, rollout_rows
 from mmrl.train.update import PolicyUpdate, RolloutBatch, micro_batches
@@ -80,13 +81,22 @@ def build_scheduler(opt: torch.optim.Optimizer, cfg: Config) -> torch.optim.lr_s
 
 
 class Trainer:
-    def __init__(self, cfg: Config, output_dir: str | Path, *, resume: bool = False, overwrite: bool = False):
+    def __init__(
+        self,
+        cfg: Config,
+        output_dir: str | Path,
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        dist: Dist | None = None,
+    ):
         """Wire the run: data, policy (and reference), components, then the state of a resumed checkpoint. ``cfg`` is
         kept as given (``config.json``); what the run resolved at start-up (device, sharding, processes) goes to
-        ``resolved.json``."""
+        ``resolved.json``. ``dist``: the training processes (made here if not given; a separate placement's CLI makes
+        it, :mod:`mmrl.train.placement`)."""
         self.cfg, self.out = cfg, Path(output_dir)
         check_config(cfg)  # before anything heavy is built
-        self.dist = Dist(cfg.train.dist_timeout_s)
+        self.dist = dist or Dist(cfg.train.dist_timeout_s)
         ckpt = self._prepare_run_dir(resume, overwrite)
         seed_everything(
             cfg.train.seed + 1000 * self.dist.rank
@@ -100,6 +110,8 @@ class Trainer:
         self.step, self.timings, self.last_kl = 0, {}, None
         if ckpt is not None:
             self._restore(ckpt)
+        if self.dist.generators:  # where the generating processes start
+            announce_start(self.dist, self.step, ckpt)
         self.logger = MetricsLogger(
             self.out,
             trackers=trackers.wanted(cfg.train),
@@ -189,8 +201,12 @@ class Trainer:
             skipped_path=self.out / "skipped.jsonl",
         )
         self.validator = Validator(cfg, eval_data, self.collector, out_dir=self.out)
-        self.producer = Producer(
-            self.collector, self.engine, self.sampler, cfg.rollout.max_staleness, cfg.train.max_steps
+        self.producer = (
+            Receiver(self.policy, self.sampler, self.dist)
+            if self.dist.generators
+            else Producer(
+                self.collector, self.engine, self.sampler, cfg.rollout.max_staleness, cfg.train.max_steps
+            )
         )
         self._reward_counts: dict[str, int] = {}
 
@@ -203,6 +219,7 @@ class Trainer:
             self.sched,
             rank=self.dist.rank,
             model=self.policy.model if self.policy.sharded else None,
+            group=self.dist.group,
         )
         self.sampler.load_state_dict(state["sampler"])
         self.estimator.load_state_dict(state.get("advantage", {}))
@@ -243,6 +260,7 @@ class Trainer:
                 while self.step < cfg.train.max_steps:
                     self.timings = {}
                     got = self.producer.take(self.step + 1)  # timed inside: sample, encode, rollout, reward
+                    self.timings |= got.timings  # a generating process's (separate placement)
                     with self.stage("old_logprobs"):
                         batch = self.make_batch(got)
                     with self.stage("image_check"):  # the media reach the policy and the engine
@@ -254,9 +272,9 @@ class Trainer:
                         adv_stats = self.advantages(got, batch)
                     with self.stage("update"), self.policy.training():
                         update_stats = self.updater(batch, self.step)
-                    with self.stage("sync_weights"):
+                    with self.stage("sync_weights"):  # separate placement: the push to the generating process
                         self.engine.sync_weights()
-                    self.producer.synced()
+                        self.producer.synced()
                     self.step += 1
                     metrics = {
                         "step": self.step,
@@ -458,7 +476,7 @@ class Trainer:
         d.barrier()
         if sharded:
             fsdp.save_sharded_optimizer(
-                self.policy.model, self.opt, checkpoint.staging(root, self.step) / "optimizer"
+                self.policy.model, self.opt, checkpoint.staging(root, self.step) / "optimizer", d.group
             )
         weights = self.policy.full_state_dict()  # under FSDP: gathered on rank 0 (every rank takes part)
         final = root / f"step-{self.step}"
