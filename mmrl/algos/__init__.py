@@ -13,11 +13,13 @@ from mmrl.algos.advantages import (
 )
 from mmrl.algos.cliff import AGRAE, DGPO, NGRPO
 from mmrl.algos.corrections import REWARD_CORRECTIONS, check_reward_correction
+from mmrl.algos.dhpo import dhpo_loss
 from mmrl.algos.kl import KL_ESTIMATORS, kl_penalised_rewards
 from mmrl.algos.losses import AGGREGATIONS, LOSSES, Aggregation, reduce_stats, register_loss
 from mmrl.algos.multiturn import DiscountedTurns, EpisodeGRPO, GiGPO
 from mmrl.algos.offpolicy import proximal_logprobs
 from mmrl.algos.rollout_correction import ROLLOUT_CORRECTIONS, check_rollout_correction, rollout_correction
+from mmrl.algos.salt import SALT
 from mmrl.algos.single_rollout import MSSR, SPO
 from mmrl.presets import PRESETS
 
@@ -33,6 +35,7 @@ __all__ = [
     "PRESETS",
     "REWARD_CORRECTIONS",
     "ROLLOUT_CORRECTIONS",
+    "SALT",
     "SPO",
     "AdvantageEstimator",
     "AdvantageInput",
@@ -44,6 +47,7 @@ __all__ = [
     "advantage_stats",
     "check_reward_correction",
     "check_rollout_correction",
+    "dhpo_loss",
     "group_advantage",
     "groups_with_signal",
     "kl_penalised_rewards",

@@ -2,7 +2,8 @@
 accumulated over micro-batches of ``optim.micro_batch_size`` rows (docs/algorithms.md#grpo-family).
 
 Every method is looked up by name and called through one shape, so nothing here branches on a method's name:
-- the policy loss ``LOSSES[algo.loss](logp, old_logp, adv, mask, group_ids=..., **options)`` gives token losses;
+- the policy loss ``LOSSES[algo.loss](logp, old_logp, adv, mask, group_ids=..., **options)`` gives token losses
+  (a loss that declares ``entropy`` also gets the forward's token entropy, detached);
   its options are the clip fields it declares plus ``algo.loss_options``; a loss marked ``needs_whole_groups``
   gets micro-batches that never split a prompt's group; the rollout correction's weights
   (``batch.rollout_weights``, :mod:`mmrl.algos.rollout_correction`) multiply them;
@@ -185,6 +186,8 @@ class PolicyUpdate:
         self.kl_fn = KL_ESTIMATORS.get(a.kl_estimator) if a.kl_coef > 0 and a.kl_in == "loss" else None
         self.whole_groups = bool(getattr(self.loss_fn, "needs_whole_groups", False))
         self.collective_loss = bool(getattr(self.loss_fn, "collective", False))
+        # a loss that declares ``entropy`` gets the training forward's token entropy, without its gradient
+        self.loss_reads_entropy = "entropy" in inspect.signature(self.loss_fn).parameters
         self.tokens = 0  # tokens through the training forward in the last call (for tokens/s)
 
     def __call__(self, batch: RolloutBatch, step: int = 0) -> dict[str, float]:
@@ -253,8 +256,15 @@ class PolicyUpdate:
         adv = batch.advantages[part]
         adv = (adv[:, :T] if adv.dim() == 2 else adv).to(dev)
         group_ids = torch.tensor([i // batch.group_size for i in part], device=dev)
+        extra = {"entropy": ent.detach()} if self.loss_reads_entropy else {}
         tok_loss, st = self.loss_fn(
-            logp, batch.old_logp[part, :T].to(dev), adv, mask, group_ids=group_ids, **self.loss_kwargs
+            logp,
+            batch.old_logp[part, :T].to(dev),
+            adv,
+            mask,
+            group_ids=group_ids,
+            **self.loss_kwargs,
+            **extra,
         )
         if batch.rollout_weights is not None:  # algo.rollout_correction: pi_old / pi_rollout, capped/masked
             tok_loss = tok_loss * batch.rollout_weights[part, :T].to(dev)
