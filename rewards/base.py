@@ -14,7 +14,8 @@ the same signature (it is then light and named after the function).
 
 :func:`call_reward` is the one place a reward function is invoked (inline, in pool workers and by the CLI): it
 validates what the function returned and, when the batch call raises, re-runs the items one at a time so only the
-offending samples score 0 with an error.
+offending samples score 0 with an error (with ``group=True`` it re-runs one group at a time, and a group that
+raises alone scores 0 for every one of its items).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from mmrl.registry import Builtin, Registry
 from mmrl.types import RewardInput, RewardResult
 
 RewardFn = Callable[..., list[RewardResult]]
+# RewardInput.metadata key of the response's sampled-token log-probs (list[float]), set by the trainer; only group
+# rewards see it (mmrl.rewards.compose)
+LOGPROBS_KEY = "response_logprobs"
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,17 @@ class RewardSpec:
     # ``answer``, ``id`` and ``metadata``; ``view``: :class:`mmrl.model.checkpoint_files.ModelView`) and returns
     # (image, caption) or None when the row is not one it can draw.
     overlay: str | None = None
+    # The score of a response depends on its group (the other responses to the same prompt): the composite hands the
+    # reward whole groups, retries group by group and keeps it out of the per-response cache.
+    group: bool = False
+
+    def __post_init__(self) -> None:
+        if self.heavy and self.group:
+            raise ValueError(
+                f"reward {self.name!r}: heavy=True and group=True cannot be combined (the worker pool cuts batches "
+                "into chunks of items and retries single items, which would split groups); make it light and "
+                "call a pool of your own inside it if it must render"
+            )
 
 
 # The built-in rewards, imported on first use (``REWARDS.get``): their modules import optional packages (an extra,
@@ -73,6 +88,9 @@ BUILTIN_REWARDS: dict[str, Builtin] = {
     "remote": Builtin("mmrl.rewards.remote", "server", ("httpx",)),
     "latex_table": Builtin("mmrl.rewards.latex_table", "render", ("pypdfium2", "lxml", "scipy", "rapidfuzz")),
     "teds": Builtin("mmrl.rewards.latex_table", "render", ("lxml", "scipy", "rapidfuzz")),
+    "ttrl": Builtin("mmrl.rewards.labelfree"),
+    "scope": Builtin("mmrl.rewards.labelfree"),
+    "empo": Builtin("mmrl.rewards.labelfree"),
 }
 REWARDS: Registry[RewardSpec] = Registry("reward", BUILTIN_REWARDS)
 
@@ -88,9 +106,10 @@ def register_reward(
     heavy: bool = False,
     check: Callable[[dict[str, Any]], None] | None = None,
     overlay: str | None = None,
+    group: bool = False,
 ) -> Callable[[RewardFn], RewardFn]:
     def deco(fn: RewardFn) -> RewardFn:
-        spec = RewardSpec(name=name, fn=fn, heavy=heavy, check=check, overlay=overlay)
+        spec = RewardSpec(name=name, fn=fn, heavy=heavy, check=check, overlay=overlay, group=group)
         REWARDS.register(name, module=fn.__module__)(spec)
         return fn
 
@@ -269,16 +288,43 @@ def _check_value(reward: str, key: str, value: Any, default: Any, choices: tuple
 
 
 def call_reward(
-    fn: RewardFn, name: str, batch: Sequence[RewardInput], options: Mapping[str, Any]
+    fn: RewardFn,
+    name: str,
+    batch: Sequence[RewardInput],
+    options: Mapping[str, Any],
+    *,
+    group: bool = False,
 ) -> list[RewardResult]:
     """Run ``fn`` on ``batch``; never raises. A raising batch call is retried one item at a time, so a sample that
-    raises alone scores 0 with ``error`` set and the others keep their real scores."""
+    raises alone scores 0 with ``error`` set and the others keep their real scores. With ``group`` (a group reward)
+    the retry goes one group at a time (:func:`group_spans`), and a group that raises alone scores 0 for all its
+    items, each with the error."""
     try:
         return _checked(name, batch, fn(list(batch), **options))
     except Exception as exc:
-        if len(batch) == 1:
-            return [RewardResult(score=0.0, error=describe_exception(exc))]
-    return [call_reward(fn, name, [item], options)[0] for item in batch]
+        units = group_spans(batch) if group else [range(i, i + 1) for i in range(len(batch))]
+        if len(units) == 1:
+            error = describe_exception(exc)
+            if group:
+                error += f" (the whole group of {len(batch)} scored 0)"
+            return [RewardResult(score=0.0, error=error) for _ in batch]
+    return [
+        r
+        for span in units
+        for r in call_reward(fn, name, batch[span.start : span.stop], options, group=group)
+    ]
+
+
+def group_spans(batch: Sequence[RewardInput]) -> list[range]:
+    """The groups of a batch: runs of consecutive items with the same sample id (the trainer lays each prompt's G
+    responses side by side). Two groups of one sample placed side by side are one run, scored as one group."""
+    spans: list[range] = []
+    start = 0
+    for i in range(1, len(batch) + 1):
+        if i == len(batch) or batch[i].id != batch[start].id:
+            spans.append(range(start, i))
+            start = i
+    return spans
 
 
 def _checked(name: str, batch: Sequence[RewardInput], results: Any) -> list[RewardResult]:
@@ -312,12 +358,14 @@ def describe_exception(exc: BaseException) -> str:
 
 
 __all__ = [
+    "LOGPROBS_KEY",
     "REWARDS",
     "RewardFn",
     "RewardInput",
     "RewardResult",
     "RewardSpec",
     "call_reward",
+    "group_spans",
     "load_reward",
     "register_reward",
     "reward_options",

@@ -24,6 +24,17 @@ treated the same way. The standard library has no public way to kill a hung work
 The LRU cache is keyed by (reward name, sorted options, response, repr of reference, images and metadata); the
 images and metadata are part of the key because rewards read them. GRPO groups often repeat a response, and a
 duplicate inside one batch is computed once and counted as a hit. Results with an error are not cached.
+
+Group rewards (``register_reward(..., group=True)``: the label-free rewards of docs/labelfree.md, whose score of a
+response depends on the other responses to its prompt) bypass the cache (neither read nor written, nor counted: the
+same response text scores differently in another group) and run inline on the whole batch, whose groups are runs of
+consecutive items with the same sample id (the trainer lays each prompt's responses side by side); a raising call is
+retried one group at a time, never one item at a time, and a group that raises alone scores 0 for all its items
+(:func:`mmrl.rewards.base.call_reward`). They cannot be heavy (:class:`mmrl.rewards.base.RewardSpec` refuses it), so
+the pool's chunks never cut a group. Only group rewards see ``metadata["response_logprobs"]`` (the sampled tokens'
+log-probs, which the trainer adds for SCOPE's confidence): the per-response rewards get the metadata without it, so
+their cache keys stay those of the text (copies of one response keep their cache hit and the remote reward does
+not ship the log-probs) and no per-response verdict can depend on a value its key leaves out.
 """
 
 from __future__ import annotations
@@ -37,10 +48,11 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mmrl.rewards.base import (
+    LOGPROBS_KEY,
     RewardSpec,
     call_reward,
     describe_exception,
@@ -155,6 +167,13 @@ class _PoolRun:
         self.inflight.clear()
 
 
+def _without_logprobs(batch: Sequence[RewardInput]) -> Sequence[RewardInput]:
+    """``batch`` as the per-response rewards see it: without ``metadata["response_logprobs"]`` (module docstring)."""
+    if not any(LOGPROBS_KEY in x.metadata for x in batch):
+        return batch
+    return [replace(x, metadata={k: v for k, v in x.metadata.items() if k != LOGPROBS_KEY}) for x in batch]
+
+
 class CompositeReward:
     def __init__(
         self,
@@ -211,7 +230,8 @@ class CompositeReward:
         }
 
     def __call__(self, batch: Sequence[RewardInput]) -> list[ComposedResult]:
-        per_term = [self._score(term, batch) for term in self._terms]
+        plain = _without_logprobs(batch)
+        per_term = [self._score(term, batch if term.spec.group else plain) for term in self._terms]
         return [self._compose(item, [res[i] for res in per_term]) for i, item in enumerate(batch)]
 
     def _compose(self, item: RewardInput, results: list[RewardResult]) -> ComposedResult:
@@ -242,6 +262,8 @@ class CompositeReward:
         return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
     def _score(self, term: _Term, batch: Sequence[RewardInput]) -> list[RewardResult]:
+        if term.spec.group:  # a group-dependent score: no per-response cache (module docstring)
+            return self._run_inline(term, list(batch))
         results: list[RewardResult | None] = [None] * len(batch)
         todo: dict[bytes, list[int]] = {}
         for i, x in enumerate(batch):
@@ -275,7 +297,7 @@ class CompositeReward:
     # -- execution -----------------------------------------------------------------------------------------------
 
     def _run_inline(self, term: _Term, items: list[RewardInput]) -> list[RewardResult]:
-        return call_reward(term.spec.fn, term.spec.name, items, term.options)
+        return call_reward(term.spec.fn, term.spec.name, items, term.options, group=term.spec.group)
 
     def _run_pool(self, term: _Term, items: list[RewardInput]) -> list[RewardResult]:
         size = min(self.chunk_size, -(-len(items) // self.num_workers))

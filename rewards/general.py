@@ -45,7 +45,9 @@ def format_think_answer(batch: list[RewardInput], *, require_think: bool = True)
     ]
 
 
-def _math_parse(text: str, timeout: int | None) -> list:
+def math_parse(text: str, timeout: int | None) -> list:
+    """math-verify's parse of ``text``: bare LaTeX first wrapped in ``$...$``, then as given, then wrapped when
+    nothing was found (also the label-free rewards' reading, :mod:`mmrl.rewards.labelfree`)."""
     from math_verify import parse
 
     # bare LaTeX ("9\\pi", "\\frac{1}{2}") is read as math first: plain parsing takes "9\\pi" for the number 9
@@ -70,14 +72,14 @@ def math_verify(batch: list[RewardInput], *, timeout_s: int = 5) -> list[RewardR
         if x.reference is None:
             out.append(RewardResult(score=None))
             continue
-        gold = _math_parse(str(x.reference), timeout)
+        gold = math_parse(str(x.reference), timeout)
         if not gold:
             raise ValueError(
                 f"sample {x.id!r}: math-verify cannot parse the reference {x.reference!r}; fix the record"
             )
         tagged = extract_answer(x.response)
         fmt = tagged is not None or "\\boxed" in x.response
-        pred = _math_parse(tagged if tagged is not None else x.response, timeout)
+        pred = math_parse(tagged if tagged is not None else x.response, timeout)
         correct = bool(pred) and verify(gold, pred, timeout_seconds=timeout)
         out.append(
             RewardResult(score=float(correct), parts={"format": float(fmt), "correct": float(correct)})

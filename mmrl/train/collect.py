@@ -43,6 +43,7 @@ from mmrl.distributed import Dist
 from mmrl.model.policy import Policy
 from mmrl.model.prompt import EncodedPrompt
 from mmrl.processors.errors import MediaError
+from mmrl.rewards.base import LOGPROBS_KEY
 from mmrl.rewards.compose import ComposedResult, CompositeReward
 from mmrl.rollout import SamplingParams
 from mmrl.rollout.base import Completion, RolloutEngine
@@ -65,8 +66,11 @@ def reward_inputs(
     texts: list[str],
     lengths: list[int],
     render_dir: Path | None = None,
+    logprobs: list[list[float]] | None = None,
 ) -> list[RewardInput]:
-    """What the rewards see for one group; with ``render_dir``, response j's renders go to ``render_dir-j``."""
+    """What the rewards see for one group; with ``render_dir``, response j's renders go to ``render_dir-j``; with
+    ``logprobs`` (the engine's, per response), response j's are ``metadata["response_logprobs"]`` (group rewards
+    only: :mod:`mmrl.rewards.compose`)."""
     meta = {
         **sample.metadata,
         "image_sizes": prompt.image_sizes,
@@ -80,7 +84,9 @@ def reward_inputs(
             sample.answer,
             sample.prompt_text,
             list(sample.images),
-            {**meta, "response_tokens": n} | ({"render_dir": f"{render_dir}-{j}"} if render_dir else {}),
+            {**meta, "response_tokens": n}
+            | ({"render_dir": f"{render_dir}-{j}"} if render_dir else {})
+            | ({LOGPROBS_KEY: logprobs[j]} if logprobs is not None else {}),
         )
         for j, (t, n) in enumerate(zip(texts, lengths))
     ]
@@ -248,6 +254,7 @@ class Collector:
                 [t.last_completion().text for t in row],
                 [len(t.last_completion().token_ids) for t in row],
                 d,
+                [t.last_completion().logprobs for t in row],
             )
         ]
         composed = self.reward(inputs)
