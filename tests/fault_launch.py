@@ -74,8 +74,8 @@ def install(kind: str, step: int) -> None:
 
             save = fsdp.save_sharded_optimizer
 
-            def save_sharded(model, opt, path):
-                save(model, opt, path)
+            def save_sharded(model, opt, path, group=None):
+                save(model, opt, path, group)
                 if path.parent.name == f"step-{step}.tmp":
                     os.kill(os.getpid(), signal.SIGKILL)
 
