@@ -91,6 +91,7 @@ BUILTIN_REWARDS: dict[str, Builtin] = {
     "ttrl": Builtin("mmrl.rewards.labelfree"),
     "scope": Builtin("mmrl.rewards.labelfree"),
     "empo": Builtin("mmrl.rewards.labelfree"),
+    "arena": Builtin("mmrl.rewards.arena"),
 }
 REWARDS: Registry[RewardSpec] = Registry("reward", BUILTIN_REWARDS)
 

@@ -84,6 +84,7 @@ REWARD_MODELS = {
     "judge": (("judge", None),),
     "embedding_similarity": (("encoder", None),),
     "medix": (("judge", "judge"), ("encoder", "embedding")),
+    "arena": (("judge", None),),
 }
 
 
