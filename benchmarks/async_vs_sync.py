@@ -31,13 +31,21 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ASYNC = ["algo.old_logprobs=recompute", "algo.rollout_correction=tis_token"]
+ASYNC = ["algo.old_logprobs=interpolate", "algo.rollout_correction=tis_token"]
 GEN = ("time/sample", "time/encode", "time/rollout", "time/reward")
 TRAIN = ("time/old_logprobs", "time/ref_logprobs", "time/advantages", "time/update", "time/sync_weights")
 
 
 def run(
-    recipe: str, out: Path, steps: int, every: int, seed: int, k: int, extra: list[str], colocated: bool
+    recipe: str,
+    out: Path,
+    steps: int,
+    every: int,
+    seed: int,
+    k: int,
+    extra: list[str],
+    colocated: bool,
+    sync_threads: int = 2,
 ) -> list[dict]:
     """One run; its metrics rows, each with ``wall`` = seconds since the start when the row appeared."""
     separate = k > 0 and not colocated
@@ -47,7 +55,7 @@ def run(
     cmd += ["--max-steps", str(steps), f"train.seed={seed}", f"eval.every={every}", "train.progress=false"]
     cmd += ["train.save_every=0", f"rollout.max_staleness={k}", *(ASYNC if k else []), *extra]
     cmd += ["rollout.placement=separate"] if separate else []
-    threads = "1" if k else "2"
+    threads = "1" if k else str(sync_threads)
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "HF_HUB_OFFLINE": "1"}
     metrics = out / "metrics.jsonl"
     rows: list[dict] = []
@@ -74,7 +82,7 @@ def run(
 
 def summary(rows: list[dict], target: float | None) -> dict:
     steps = [r for r in rows if "reward/mean" in r]
-    evals = [r for r in rows if "eval/accuracy" in r]
+    evals = [r for r in rows if "eval/accuracy" in r and r.get("step", 0) > 0]  # trained: not the start score
     reached = next((r["wall"] for r in evals if target is not None and r["eval/accuracy"] >= target), None)
     step_s = (steps[-1]["wall"] - steps[0]["wall"]) / max(len(steps) - 1, 1) if steps else float("nan")
     total = lambda keys: sum(r.get(k, 0.0) for r in steps for k in keys)  # noqa: E731
@@ -101,15 +109,24 @@ def main() -> None:
     p.add_argument("--ks", default="0,1,2")
     p.add_argument("--set", action="append", default=[], help="an override for every run, KEY=VALUE")
     p.add_argument("--colocated", action="store_true", help="k >= 1 in one process (threads), not separate")
+    p.add_argument(
+        "--sync-threads",
+        type=int,
+        default=2,
+        help="torch threads of the synchronous run (2: both cores, the fair peer)",
+    )
     a = p.parse_args()
     seeds, ks = [int(x) for x in a.seeds.split(",")], [int(x) for x in a.ks.split(",")]
     if ks[0] != 0:
         raise SystemExit("--ks must start with 0: the synchronous run is the reference")
     print(
-        f"{a.recipe}, {a.steps} steps, eval every {a.eval_every}, seeds {seeds}; sync: 1 process x 2 torch threads, "
+        f"{a.recipe}, {a.steps} steps, eval every {a.eval_every}, seeds {seeds}; sync: 1 process x {a.sync_threads} torch threads, "
         f"async: {'1 process, 2 threads' if a.colocated else '2 processes (generate | train)'} x 1 torch thread"
     )
-    print("seed  k  s/step   wall  final  to_sync_final  train_idle  rollout_idle  staleness  bound(sync)")
+    print(
+        "seed  k  s/step  gen/step  train/step   wall  final  to_sync_final  train_idle  rollout_idle  staleness  "
+        "bound(sync)"
+    )
     ratios: dict[int, list[tuple[float, float]]] = {k: [] for k in ks[1:]}
     with tempfile.TemporaryDirectory(prefix="mmrl-async-bench-") as tmp:
         for seed in seeds:
@@ -125,7 +142,8 @@ def main() -> None:
                 bound = (ref["gen_s"] + ref["train_s"]) / max(ref["gen_s"], ref["train_s"], 1e-9)
                 to = f"{s['to_target']:.1f}" if s["to_target"] is not None else "never"
                 print(
-                    f"{seed:>4} {k:>2} {s['s_per_step']:7.3f} {s['wall']:6.1f} {s['final']:6.3f} {to:>14} "
+                    f"{seed:>4} {k:>2} {s['s_per_step']:7.3f} {s['gen_s'] / a.steps:9.3f} "
+                    f"{s['train_s'] / a.steps:11.3f} {s['wall']:6.1f} {s['final']:6.3f} {to:>14} "
                     f"{s['train_idle'] / s['wall']:10.1%} {s['rollout_idle'] / s['wall']:13.1%} "
                     f"{s['staleness']:10.2f} {bound:12.2f}",
                     flush=True,

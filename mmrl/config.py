@@ -249,8 +249,11 @@ class AlgoConfig:
     max_sampling_tries: int = opt("dynamic sampling: most rollout rounds per step before a clear error", 10)
     epochs: int = opt("policy updates over each rollout batch (old log-probs fixed)", 1)
     mini_batches: int = opt("optimizer steps per epoch over the rollout batch", 1)
-    old_logprobs: Literal["rollout", "recompute"] = opt(
-        "take pi_old from the rollout engine or recompute it with a training forward", "rollout"
+    old_logprobs: Literal["rollout", "recompute", "interpolate"] = opt(
+        "take pi_old from the rollout engine, recompute it with a training forward, or interpolate decoupled "
+        "PPO's proximal policy per token from the engine's log-probs, the trained policy's and each token's version "
+        "(no extra forward; docs/async.md#interpolating-the-proximal-policy)",
+        "rollout",
     )
     rollout_correction: str = opt(
         "rollout/training mismatch correction (registered): none, tis_token, tis_seq, mask_token, mask_seq; "

@@ -199,3 +199,65 @@ def test_bapo_all_reduce_over_two_gloo_processes(tmp_path):
             == (0.8, 1.5)
         )
         assert st["bapo_pos_share"] == pytest.approx(pooled["bapo_pos_share"], abs=1e-12)
+
+
+# --- algo.old_logprobs: interpolate, in the update -------------------------------------------------------------
+
+
+def test_batch_versions_follow_the_sampled_tokens():
+    from mmrl.model.prompt import EncodedPrompt
+    from mmrl.rollout.base import Completion
+    from mmrl.train.update import RolloutBatch
+
+    old = torch.zeros(2, 4)
+    p = EncodedPrompt("s", torch.tensor([1, 2]))
+    batch = RolloutBatch.one_turn([p, p], [[5, 6, 7], [8, 9]], 2, old)
+    batch.trajectories[0].completions[0] = Completion([5, 6, 7], "", [0.0] * 3, "stop", versions=[3, 3, 4])
+    # row 0: each token its version, padding the default; row 1: an engine that records none -> the default
+    assert batch.versions(9).tolist() == [[3, 3, 4, 9], [9, 9, 9, 9]]
+
+
+def _shapes_run(tmp_path, name: str, *overrides: str) -> list[dict]:
+    from mmrl.cli import main
+    from mmrl.recipes.shapes.data import build
+    from mmrl.run.metrics import read_metrics
+
+    if not (tmp_path / "data").exists():
+        build(tmp_path / "data", n_train=8, n_eval=4, seed=5)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        f"""
+model: {{path: {root}/assets/shapes-sft/model, min_pixels: 3136, max_pixels: 3136}}
+data: {{train: data/train.jsonl}}
+rollout: {{n: 4, max_new_tokens: 4, batch_size: 8}}
+rewards: [{{name: exact_match}}]
+algo: {{mini_batches: 2}}
+optim: {{lr: 0.001, micro_batch_size: 4}}
+train: {{prompts_per_step: 2, progress: false, seed: 3, save_every: 0}}
+"""
+    )
+    out = tmp_path / name
+    assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "3", *overrides]) == 0
+    return [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+
+
+@pytest.mark.slow
+def test_interpolated_proximal_policy_in_training(tmp_path):
+    """Synchronous (every token of version v_prox): pi_prox = mu exactly, so the run is the rollout-pi_old run's
+    loss for loss, over two optimizer steps per batch (the second after the weights moved). Run ahead by one version
+    (k = 1, the tokens one update old): it trains with pi_prox between mu and pi_theta and w = pi_prox / mu."""
+    plain = _shapes_run(tmp_path, "rollout")
+    interp = _shapes_run(tmp_path, "interp", "algo.old_logprobs=interpolate")
+    assert [r["loss"] for r in interp] == [r["loss"] for r in plain]
+    assert [r["grad_norm"] for r in interp] == [r["grad_norm"] for r in plain]
+    ahead = _shapes_run(
+        tmp_path,
+        "ahead",
+        "rollout.max_staleness=1",
+        "algo.old_logprobs=interpolate",
+        "algo.rollout_correction=tis_token",
+    )
+    assert [r["step"] for r in ahead] == [1, 2, 3]
+    assert max(r["async/staleness_max"] for r in ahead) == 1
+    assert all(math.isfinite(r["loss"]) for r in ahead)

@@ -113,11 +113,11 @@ def check_rollout_correction(name: str, old_logprobs: str, cap: float) -> None:
     """Raise ValueError when the correction cannot run: it needs pi_old from the training forward, and C >= 1."""
     if ROLLOUT_CORRECTIONS.get(name).level is None:  # type: ignore[attr-defined]
         return
-    if old_logprobs != "recompute":
+    if old_logprobs not in ("recompute", "interpolate"):
         raise ValueError(
             f"algo.rollout_correction {name!r} weighs the rollout engine's log-probs against pi_old recomputed by "
-            f"the training forward, but algo.old_logprobs is {old_logprobs!r}: set algo.old_logprobs=recompute "
-            "(or algo.rollout_correction=none)"
+            f"the training forward (or interpolated), but algo.old_logprobs is {old_logprobs!r}: set "
+            "algo.old_logprobs=recompute or interpolate (or algo.rollout_correction=none)"
         )
     if not cap >= 1.0:
         raise ValueError(f"algo.rollout_correction_cap must be >= 1 (the band is [1/C, C]), got {cap}")

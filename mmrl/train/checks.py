@@ -275,9 +275,9 @@ def check_async(cfg: Config) -> None:
             f"rollout.max_staleness {k} with rollout.engine {cfg.rollout.engine!r}: only the hf engine swaps weights "
             f"while it generates for now; set rollout.engine: hf or rollout.max_staleness: 0 {why}"
         )
-    if cfg.algo.old_logprobs != "recompute":
+    if cfg.algo.old_logprobs == "rollout":
         raise ConfigError(
-            f"rollout.max_staleness {k}: set algo.old_logprobs: recompute (decoupled PPO's proximal policy, the "
+            f"rollout.max_staleness {k}: set algo.old_logprobs: recompute or interpolate (decoupled PPO's proximal policy, the "
             "weights before this update; the rollout log-probs are the behaviour policy's, several versions old), "
             f"and algo.rollout_correction (tis_token: w = pi_prox / mu truncated) to weight the stale tokens {why}"
         )

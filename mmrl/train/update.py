@@ -31,7 +31,14 @@ from typing import Any
 
 import torch
 
-from mmrl.algos import AGGREGATIONS, KL_ESTIMATORS, LOSSES, reduce_stats
+from mmrl.algos import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    LOSSES,
+    proximal_logprobs,
+    reduce_stats,
+    rollout_correction,
+)
 from mmrl.algos.advantages import Turn
 from mmrl.config import Config
 from mmrl.distributed import Dist
@@ -105,6 +112,17 @@ class RolloutBatch:
         """``rows`` in blocks of ``unit`` and each block's tokens."""
         blocks = [rows[i : i + unit] for i in range(0, len(rows), unit)]
         return blocks, [float(sum(self.tokens(r) for r in b)) for b in blocks]
+
+    def versions(self, default: int) -> torch.Tensor:
+        """``[N, T]`` the policy version that sampled each response token (``Completion.versions``; ``default`` for
+        a completion whose engine records none, and on the environment's tokens and padding)."""
+        out = torch.full(self.old_logp.shape, default, dtype=torch.long)
+        for i, t in enumerate(self.trajectories):
+            sampled = [j for j, m in enumerate(t.mask) if m]
+            vs = [v for c in t.completions for v in (c.versions or [default] * len(c.token_ids))]
+            if len(vs) == len(sampled):
+                out[i, sampled] = torch.tensor(vs, dtype=torch.long)
+        return out
 
     @property
     def turns(self) -> list[list[Turn]] | None:
@@ -191,7 +209,9 @@ class PolicyUpdate:
         self.tokens = 0  # tokens through the training forward in the last call (for tokens/s)
 
     def __call__(self, batch: RolloutBatch, step: int = 0) -> dict[str, float]:
+        """Update on ``batch``, the weights of version ``step`` (the trainer's steps so far) becoming ``step + 1``."""
         a, N = self.cfg.algo, len(batch)
+        self._version = step  # v_prox of algo.old_logprobs: interpolate
         lr = self.sched.get_last_lr()[0]  # the rate this update uses (the scheduler steps after it)
         unit = batch.group_size if self.whole_groups else 1  # rows move in blocks of whole groups when needed
         gen = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + step)  # same on every process
@@ -257,17 +277,18 @@ class PolicyUpdate:
         adv = (adv[:, :T] if adv.dim() == 2 else adv).to(dev)
         group_ids = torch.tensor([i // batch.group_size for i in part], device=dev)
         extra = {"entropy": ent.detach()} if self.loss_reads_entropy else {}
-        tok_loss, st = self.loss_fn(
-            logp,
-            batch.old_logp[part, :T].to(dev),
-            adv,
-            mask,
-            group_ids=group_ids,
-            **self.loss_kwargs,
-            **extra,
-        )
-        if batch.rollout_weights is not None:  # algo.rollout_correction: pi_old / pi_rollout, capped/masked
-            tok_loss = tok_loss * batch.rollout_weights[part, :T].to(dev)
+        old = batch.old_logp[part, :T].to(dev)
+        rollout_weights = None if batch.rollout_weights is None else batch.rollout_weights[part, :T].to(dev)
+        if a.old_logprobs == "interpolate":  # pi_prox per token from mu, pi_theta and each token's version
+            v = self._version
+            versions = batch.versions(v)[part, :T].to(dev)
+            mu, old = old, proximal_logprobs(old, logp, versions, v_prox=v, v_theta=v + 1)
+            rollout_weights, _ = rollout_correction(
+                a.rollout_correction, old, mu, mask, cap=a.rollout_correction_cap
+            )
+        tok_loss, st = self.loss_fn(logp, old, adv, mask, group_ids=group_ids, **self.loss_kwargs, **extra)
+        if rollout_weights is not None:  # algo.rollout_correction: pi_old / pi_rollout, capped/masked
+            tok_loss = tok_loss * rollout_weights
         pg = self.agg.numerator(tok_loss, mask, self.constant) / units
         loss = pg
         if self.kl_fn is not None and batch.ref_logp is not None:
