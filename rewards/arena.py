@@ -62,10 +62,9 @@ from mmrl.rewards.base import (
     register_reward,
     validate_options,
 )
-from mmrl.rewards.judge import HFJudge, VLLMJudge, question_of
+from mmrl.rewards.judge import load_judge, question_of
 from mmrl.rewards.local_model import (
     LRU,
-    Loaded,
     check_model_folder,
     clean_reference,
     content_key,
@@ -451,14 +450,7 @@ def arena(
     judge both name; ``rubric``/``template``: text or a .txt/.md file; ``normalize``: z-normalise within the group;
     ``truth``: a reward (name or module:function) scoring a response against its reference, for the logged parts
     only ("" for none), with ``truth_options``."""
-    # the judge reward's key: a judge both rewards name is loaded once
-    key = ("judge", str(Path(model).expanduser().resolve()), engine, device, dtype, use_image, offload)
-    if engine == "vllm":
-        judge_model: Any = Loaded.get(
-            key, lambda: VLLMJudge(model, device, dtype, use_image, offload, gpu_memory_utilization)
-        )
-    else:
-        judge_model = Loaded.get(key, lambda: HFJudge(model, device, dtype, use_image, offload))
+    judge_model = load_judge(model, engine, device, dtype, use_image, offload, gpu_memory_utilization)
     spans = group_spans(batch)
     groups = [_group_of(batch[s.start : s.stop], use_image, answer_only) for s in spans]
     settings = {
@@ -469,7 +461,7 @@ def arena(
     }
     pair_judge = _PairJudge(
         judge_model,
-        f"{key[1]}\x1f{engine}",
+        f"{Path(model).expanduser().resolve()}\x1f{engine}",
         groups,
         _text_or_file("template", template, DEFAULT_TEMPLATE),
         _text_or_file("rubric", rubric, DEFAULT_RUBRIC),

@@ -362,6 +362,25 @@ def question_of(x: RewardInput) -> str:
 
 
 @register_reward("judge", check=_check)
+def load_judge(
+    model: str,
+    engine: str,
+    device: str,
+    dtype: str,
+    use_image: bool,
+    offload: bool,
+    gpu_memory_utilization: float,
+) -> Any:
+    """The judge model of these settings, loaded once per process (every reward that names the same folder and
+    settings, ``judge`` and ``arena`` alike, shares the one copy)."""
+    key = ("judge", str(Path(model).expanduser().resolve()), engine, device, dtype, use_image, offload)
+    if engine == "vllm":
+        return Loaded.get(
+            key, lambda: VLLMJudge(model, device, dtype, use_image, offload, gpu_memory_utilization)
+        )
+    return Loaded.get(key, lambda: HFJudge(model, device, dtype, use_image, offload))
+
+
 def judge(
     batch: list[RewardInput],
     *,
@@ -383,13 +402,7 @@ def judge(
     gpu_memory_utilization: float = 0.3,
 ) -> list[RewardResult]:
     """Reference-based LLM judge (see the module docstring). Records without a reference do not apply."""
-    key = ("judge", str(Path(model).expanduser().resolve()), engine, device, dtype, use_image, offload)
-    if engine == "vllm":
-        judge_model: Any = Loaded.get(
-            key, lambda: VLLMJudge(model, device, dtype, use_image, offload, gpu_memory_utilization)
-        )
-    else:
-        judge_model = Loaded.get(key, lambda: HFJudge(model, device, dtype, use_image, offload))
+    judge_model = load_judge(model, engine, device, dtype, use_image, offload, gpu_memory_utilization)
     text = _template_text(template)
     results: list[RewardResult | None] = [None] * len(batch)
     todo: dict[str, list[int]] = {}
@@ -403,7 +416,9 @@ def judge(
         user = text.format(question=question_of(x), reference=refs[0], response=response)
         images = open_images(x.images, x.id) if use_image else []
         prompt = judge_model.render(user, len(images), chat_template_kwargs)
-        ck = content_key(key[1], engine, prompt, str(max_new_tokens), images=images)
+        ck = content_key(
+            str(Path(model).expanduser().resolve()), engine, prompt, str(max_new_tokens), images=images
+        )
         cached = _CACHE.get(ck)
         if cached is not None:
             results[i] = _result(cached, verdict, scale_min, scale_max)
