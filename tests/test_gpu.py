@@ -171,3 +171,31 @@ def test_image_check_sees_media_and_refuses_a_blind_tower(dtype, tmp_path):
 
 def test_preflight_probe_reads_the_device_total_without_a_context(tmp_path):
     device_probe(DEVICE, tmp_path)
+
+
+@pytest.mark.parametrize("old_logprobs", ["recompute", "interpolate"])
+def test_async_rollouts_on_one_device(old_logprobs, tmp_path):
+    """Asynchronous rollouts (rollout.max_staleness 1, the producer thread and the engine's own copy of the weights,
+    copied in between two decoding steps) on the device: four steps, no token more than one version old, and with
+    pi_prox recomputed the engine's behaviour log-probs within float noise of the training forward's where the
+    tokens are of the trained version (docs/async.md#asynchronous-rollouts)."""
+    import subprocess
+    import sys
+
+    from multiproc import BASE_ENV
+
+    cfg = shapes_run_config(tmp_path, micro_batch_size=8)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "mmrl", "train", str(cfg), "--output-dir", str(out), "--max-steps", "4"]
+    cmd += [f"model.device={'auto' if DEVICE == 'cuda' else 'cpu'}", "rollout.max_staleness=1"]
+    cmd += [f"algo.old_logprobs={old_logprobs}", "algo.rollout_correction=tis_token"]
+    env = {k: v for k, v in BASE_ENV.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [x for x in read_metrics(out / "metrics.jsonl") if "reward/mean" in x]
+    assert [x["step"] for x in rows] == [1, 2, 3, 4]
+    assert all(0 <= x["async/staleness_max"] <= 1 for x in rows)
+    config = json.loads((out / "resolved.json").read_text())
+    assert config["device"].startswith(DEVICE)
+    if old_logprobs == "recompute":
+        assert all(x["rollout/logprob_diff_mean"] < 0.5 for x in rows)  # a wrong or half-copied weight: >> 1
