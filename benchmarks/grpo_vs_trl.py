@@ -73,6 +73,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from datasets import Dataset  # noqa: E402
+from machine import describe, spread  # noqa: E402
 from PIL import Image  # noqa: E402
 from transformers import AutoModelForImageTextToText, AutoProcessor, PrinterCallback, TrainerCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
@@ -384,6 +385,7 @@ def main() -> None:
     total = a.steps + a.warmup
     first = ["mmrl", "trl"] if a.order == "mmrl-first" else ["trl", "mmrl"]
     order = [n for r in range(a.rounds) for n in (first if r % 2 == 0 else first[::-1])]
+    print(describe())
     print(
         f"torch threads {torch.get_num_threads()}, {PROMPTS} prompts x G={G}, max {work.max_new_tokens} new tokens, "
         f"{work.image_size}x{work.image_size} images, "
@@ -403,6 +405,11 @@ def main() -> None:
     for label, fn, key in (("median", statistics.median, "step_s"), ("CPU mean", statistics.mean, "cpu_s")):
         mv, tv = fn(pooled(res["mmrl"], key)), fn(pooled(res["trl"], key))
         print(f"{label} s/step: mmrl {mv:.3f} trl {tv:.3f} ratio {tv / mv:.3f}")
+    per_round = [
+        statistics.mean(t.step_s) / statistics.mean(m.step_s)
+        for m, t in zip(res["mmrl"], res["trl"], strict=True)
+    ]
+    print(f"ratio per round (trl / mmrl, mean s/step of each run): {spread(per_round)}")
     m, t = statistics.mean(pooled(res["mmrl"], "step_s")), statistics.mean(pooled(res["trl"], "step_s"))
     print(f"s/step: mmrl {m:.3f} trl {t:.3f} ratio {t / m:.3f}")
 

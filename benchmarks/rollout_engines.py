@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 import torch
+from machine import describe, spread
 from PIL import Image
 
 from mmrl.config import ModelConfig
@@ -191,6 +192,7 @@ def run(args: argparse.Namespace, path: Path) -> None:
             f"({k} of {args.prompts} prompts, checked in {time.perf_counter() - t0:.1f} s)"
         )
 
+    print(describe())
     times: dict[str, list[float]] = {name: [] for name in engines}
     for r in range(args.rounds):
         for name in ("vllm", "hf") if r % 2 == 0 else ("hf", "vllm"):  # A B B A ...
@@ -209,6 +211,8 @@ def run(args: argparse.Namespace, path: Path) -> None:
         print(
             f"{name:6} {med:16.3f} {completions / med:14.1f} {tps[name]:10.0f}  {' '.join(f'{t:.3f}' for t in ts)}"
         )
+    per_round = [h / v for v, h in zip(times["vllm"], times["hf"], strict=True)]
+    print(f"ratio per round (vllm / hf tokens/s): {spread(per_round)}")
     print(f"tokens/s: vllm {tps['vllm']:.0f} hf {tps['hf']:.0f} ratio {tps['vllm'] / tps['hf']:.2f}")
 
 
