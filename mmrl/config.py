@@ -311,6 +311,11 @@ class EvalConfig:
     temperature: float = opt("0 = greedy decoding", 0.0)
     max_new_tokens: int | None = opt("None = rollout.max_new_tokens", None)
     group_by: str | None = opt("also report eval/accuracy/<value> for each value of this metadata key", None)
+    rewards: list[RewardEntry] = opt(
+        "the rewards held-out records are scored with (empty: the run's rewards); a run trained without labels "
+        "(ttrl, scope, empo) names a labeled one here, e.g. [{name: exact_match}], to measure its true accuracy",
+        factory=list,
+    )
     success_threshold: float = opt(
         "a held-out response counts as correct when its reward is at least this", 1.0
     )

@@ -262,6 +262,7 @@ def test_tiny_run_trains_on_a_label_free_reward(reward, tmp_path_factory, tmp_pa
         "eval.max_samples=8",
         "train.progress=false",
         "train.save_every=0",
+        "eval.rewards=[{name: exact_match}]",  # the held-out score against the labels the training never saw
     ]
     assert main(args) == 0
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward/mean" in r]
@@ -269,5 +270,19 @@ def test_tiny_run_trains_on_a_label_free_reward(reward, tmp_path_factory, tmp_pa
     for r in rows:
         assert 0.0 <= r[f"reward/{reward}/pseudo_label_correct"] <= 1.0
         assert r[f"reward/{reward}/agreement"] == pytest.approx(r["reward/mean"])
+    evals = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "eval/accuracy" in r]
+    assert len(evals) == 2  # start and end
+    for r in evals:  # scored by exact_match, not by the label-free reward (which would give a lone answer 1)
+        assert r["eval/accuracy"] == pytest.approx(r["eval/part/exact_match"]) and r["eval/accuracy"] < 1.0
+        assert f"eval/part/{reward}" not in r
     if reward == "scope":  # the engine's log-probs reached the reward: confidence-weighted votes
         assert all(r["reward/scope/confidence_weighted"] == 1.0 for r in rows)
+
+
+def test_eval_rewards_are_checked_at_pre_flight():
+    from mmrl.config import ConfigError, load_config
+    from mmrl.train.checks import check_rewards
+
+    check_rewards(load_config(None, ["rewards=[{name: ttrl}]", "eval.rewards=[{name: exact_match}]"]))
+    with pytest.raises(ConfigError, match=r"eval.rewards\[0\] \('exact_mach'\)"):
+        check_rewards(load_config(None, ["rewards=[{name: ttrl}]", "eval.rewards=[{name: exact_mach}]"]))

@@ -26,8 +26,10 @@ def check_rewards(cfg: Config) -> None:
             "env (`rollout.env`), whose step rewards are the episode's"
         )
     heavy = []
-    for i, entry in enumerate(cfg.rewards):
-        where = f"rewards[{i}] ({entry.name!r})"
+    entries = [(f"rewards[{i}]", e) for i, e in enumerate(cfg.rewards)]
+    entries += [(f"eval.rewards[{i}]", e) for i, e in enumerate(cfg.eval.rewards)]
+    for at, entry in entries:
+        where = f"{at} ({entry.name!r})"
         try:
             spec = load_reward(entry.name)
             validate_options(spec, entry.options)

@@ -1,7 +1,7 @@
 """In-training validation: greedy responses to held-out records, scored either by the run's own rewards or by a
 benchmark's published scorer (the one ``mmrl eval`` uses, :mod:`mmrl.eval`), or greedy episodes judged by an env.
 
-- ``data.eval`` records: the composite reward scores each response; ``eval/accuracy`` is the share reaching
+- ``data.eval`` records: the composite reward (``eval.rewards``, or the run's) scores each response; ``eval/accuracy`` is the share reaching
   ``eval.success_threshold``, with ``eval/accuracy/<value>`` per ``eval.group_by`` metadata value.
 - ``data.eval`` records with ``rollout.env`` set: each record is one greedy episode (G = 1, ``eval.temperature``,
   ``eval.max_new_tokens`` per turn, the rollout's turn, token and image limits) in that env, which judges it:
@@ -44,6 +44,15 @@ from mmrl.types import Sample
 class Validator:
     def __init__(self, cfg: Config, samples: list[Sample], collector: Collector, out_dir: Path | None = None):
         self.cfg, self.collector, self.out_dir = cfg, collector, out_dir
+        self.reward: Any = None  # eval.rewards' own composite (None: the run's rewards)
+        if cfg.eval.rewards:
+            from mmrl.rewards.compose import CompositeReward, RewardConfig
+
+            self.reward = CompositeReward(
+                [RewardConfig(r.name, r.weight, dict(r.options)) for r in cfg.eval.rewards],
+                num_workers=cfg.train.reward_workers,
+                timeout_s=cfg.train.reward_timeout_s,
+            )
         self.bench: Any = None
         self.items: list[Any] = []
         e = cfg.eval
@@ -101,7 +110,8 @@ class Validator:
             for s, p, g in zip(samples, prompts, groups)
             for ri in reward_inputs(s, p, [x.text for x in g], [len(x.token_ids) for x in g])
         ]
-        results = [r for part in d.gather(self.collector.reward(inputs) if inputs else []) for r in part]
+        reward = self.reward or self.collector.reward
+        results = [r for part in d.gather(reward(inputs) if inputs else []) for r in part]
         return self.reward_scores(results) if d.is_main else {}
 
     def episode_rows(
@@ -138,7 +148,10 @@ class Validator:
         return self.pool
 
     def close(self) -> None:
-        """Stop the episodes' env pool (and remove its temporary folder); the validator may be used again."""
+        """Stop the episodes' env pool (and remove its temporary folder) and eval.rewards' workers; the validator may
+        be used again."""
+        if self.reward is not None:
+            self.reward.close()
         if self.pool is not None:
             self.pool.close()
             self.pool = None
