@@ -1,7 +1,9 @@
 """DHPO's loss (mmrl.algos.dhpo) and EPO's entropy regulariser (mmrl.algos.epo) against values worked out by hand in
 docs/credit.md: per-branch clipping before the mix, the averaged and entropy-guided weights, the gradients; EPO's band
 penalty (0 inside, linear outside), its per-turn history and that history's round trip through JSON; a 2-step run of
-``dhpo`` through the CLI.
+``dhpo`` through the CLI. The stateful-loss seam EPO trains through: the update hands a loss the entropy with its
+gradient and the turn indices, folds its step sums in once per step, alike on 2 ranks; ``epo`` on the zoom agent
+recipe for 2 steps, then resumed, its history carried by the checkpoint.
 
 The DHPO hand batch: two responses, T = 3, clip widths token [0.8, 1.28], sequence [0.95, 1.05]:
 
@@ -11,15 +13,16 @@ The DHPO hand batch: two responses, T = 3, clip widths token [0.8, 1.28], sequen
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from mmrl.algos import LOSSES, Turn, dhpo_loss
+from mmrl.algos import LOSSES, EPOLoss, Turn, dhpo_loss
 from mmrl.algos.dhpo import dhpo_token_loss, entropy_weights
-from mmrl.algos.epo import EntropyHistory, epo_regulariser, smoothing_penalty, turn_index
-from mmrl.algos.losses import clipped_surrogate, gspo_loss
+from mmrl.algos.epo import EntropyHistory, epo_regulariser, smoothing_penalty, turn_index, turn_sums
+from mmrl.algos.losses import StatefulLoss, clipped_surrogate, gspo_loss
 from mmrl.cli import main
 from mmrl.config import ConfigError, load_config
 from mmrl.run.metrics import read_metrics
@@ -208,9 +211,12 @@ def test_epo_regulariser_hand_values_and_gradient():
     (term * mask).sum().backward()
     # d term / dH = -0.1 (1 - dP/dH): below the band -0.2 (twice the bonus), inside -0.1, above 0 (beta = 1)
     assert torch.allclose(h.grad, torch.tensor([[-0.2, -0.1, 0.0, 0.0]]))
-    assert float(st["epo_below_band"]) == pytest.approx(1 / 3)
-    assert float(st["epo_above_band"]) == pytest.approx(1 / 3)
-    assert float(st["epo_penalty"]) == pytest.approx(0.5)  # (0.5 + 0 + 1) / 3
+    assert float(st["epo/below_band"]) == pytest.approx(1 / 3)
+    assert float(st["epo/above_band"]) == pytest.approx(1 / 3)
+    assert float(st["epo/out_of_band"]) == pytest.approx(2 / 3)
+    assert float(st["epo/banded"]) == pytest.approx(1.0)
+    assert float(st["epo/penalty"]) == pytest.approx(0.5)  # (0.5 + 0 + 1) / 3
+    assert float(st["epo/entropy"]) == pytest.approx(6.5 / 3)
 
 
 def test_epo_without_band_is_the_entropy_bonus():
@@ -224,3 +230,276 @@ def test_epo_without_band_is_the_entropy_bonus():
     assert torch.equal(epo_regulariser(h, mask, index, hist, smooth_coeff=0.0)[0], bonus)
     with pytest.raises(ValueError, match="need 0 <= kappa_l <= kappa_r"):
         epo_regulariser(h, mask, index, hist, kappa_l=2.0, kappa_r=1.5)
+
+
+def test_entropy_history_folds_step_sums_as_update_does():
+    """The step sums a run adds up over micro-batches and ranks fold in as the whole step's tensors would."""
+    index = turn_index(HIST_TURNS, 6)
+    h = torch.tensor([[1.0, 3.0, 9.0, 4.0, 2.0, 9.0], [2.0, 9, 9, 9, 9, 9]])
+    sums, tokens = turn_sums(h, HIST_MASK, index)
+    assert sums.tolist() == [6.0, 6.0] and tokens.tolist() == [3.0, 2.0]
+    (s0, n0), (s1, n1) = (
+        turn_sums(h[:1], HIST_MASK[:1], index[:1]),
+        turn_sums(h[1:], HIST_MASK[1:], index[1:]),
+    )
+    assert (s1.tolist(), n1.tolist()) == ([2.0], [1.0])  # row 1 reaches turn 0 only: K = 1
+    folded = EntropyHistory()
+    folded.fold(s0 + torch.nn.functional.pad(s1, (0, 1)), n0 + torch.nn.functional.pad(n1, (0, 1)))
+    updated = EntropyHistory()
+    updated.update(h, HIST_MASK, index)
+    assert folded.state_dict() == updated.state_dict() == {"mean": [2.0, 3.0], "count": [1, 1]}
+
+
+EPO_CFG = [f"model.path={TINY}", "data.train=x.jsonl", "rewards=[{name: exact_match}]", "algo.loss=epo"]
+
+
+def test_epo_is_a_registered_stateful_loss_with_checked_options():
+    loss = LOSSES.get("epo")
+    assert loss is EPOLoss and issubclass(loss, StatefulLoss) and "epo" in LOSSES.names()
+    assert (
+        loss.needs_entropy_grad and loss.needs_turns and not loss.needs_whole_groups and not loss.collective
+    )
+    check_components(load_config(None, [*EPO_CFG, "algo.loss_options={kappa_l: 0.4, from_turn: 1}"]))
+    with pytest.raises(ConfigError, match="unknown option 'kappa'"):
+        check_components(load_config(None, [*EPO_CFG, "algo.loss_options={kappa: 0.4}"]))
+    with pytest.raises(ValueError, match="need 0 <= kappa_l <= kappa_r"):
+        EPOLoss(kappa_l=2.0, kappa_r=1.5)
+    with pytest.raises(ValueError, match=r"algo.clip_low/clip_high"):
+        EPOLoss(clip_low=1.0)
+    # L = clipped + the regulariser; a direct call without the seam's inputs is refused
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.5]])).requires_grad_()
+    old, adv, mask = logp.detach().clone(), torch.tensor([1.0]), torch.ones(1, 3)
+    h, index = torch.tensor([[0.5, 2.0, 4.0]]), torch.zeros(1, 3, dtype=torch.long)
+    epo = EPOLoss(entropy_coeff=0.1)
+    epo.load_state_dict({"mean": [2.0], "count": [1]})
+    tok, st = epo(logp, old, adv, mask, entropy=h, turn_index=index)
+    assert torch.allclose(tok, -1.0 + torch.tensor([[0.0, -0.2, -0.3]]))  # -A rho = -1, term as by hand
+    assert st["epo_turn_entropy"].tolist() == [6.5] and st["epo_turn_tokens"].tolist() == [3.0]
+    h_bar = (2.0 + 6.5 / 3) / 2  # the past step's 2 and this one's mean entropy, one value each
+    sums = {k: st[k] for k in ("epo_turn_entropy", "epo_turn_tokens")}
+    assert epo.end_step(sums) == {"epo/history_turns": 1.0, "epo/h_bar": pytest.approx(h_bar)}
+    assert epo.state_dict() == {"mean": [pytest.approx(h_bar)], "count": [2]}
+    with pytest.raises(ValueError, match="needs the token entropy"):
+        epo(logp, old, adv, mask)
+
+
+class SeamProbe(StatefulLoss):
+    """Token loss = the entropy itself (so only its gradient can move the weights); records what the update gave."""
+
+    needs_whole_groups = collective = False
+    needs_entropy_grad = needs_turns = True
+
+    def __init__(self):
+        self.calls, self.ended = [], []
+
+    def __call__(self, logp, old_logp, adv, mask, *, group_ids=None, entropy=None, turn_index=None):
+        self.calls.append((entropy.requires_grad, turn_index.cpu(), mask.cpu()))
+        sums, tokens = turn_sums(entropy, mask, turn_index)
+        return entropy, {"probe": torch.tensor(1.0), "sums": sums, "tokens": tokens}
+
+    def end_step(self, sums):
+        self.ended.append({k: v.tolist() for k, v in sums.items()})
+        return {"probe/ended": float(len(self.ended))}
+
+
+def _seam_batch(pol):
+    """4 rows: row 0 an episode of two turns (response tokens 0-1 and 3-4; token 2 the env's), the others one turn."""
+    from mmrl.rollout.episodes import StepInfo
+    from mmrl.train.update import RolloutBatch
+    from mmrl.types import Sample
+
+    p = pol.encode(Sample("s", [{"role": "user", "content": [{"type": "text", "text": "Colour?"}]}]))
+    comps = [[10, 11, 12, 13, 14], [13, 14], [15, 16, 17], [18]]
+    batch = RolloutBatch.one_turn(
+        [p] * 4, comps, 2, torch.zeros(4, 5), advantages=torch.tensor([1.0, -1, 1, -1])
+    )
+    t = batch.trajectories[0]
+    t.mask = [1, 1, 0, 1, 1]
+    t.turns = [Turn(0, 2, 0.0, "a"), Turn(3, 5, 1.0, "b")]
+    t.steps = [StepInfo("zoom", 0.0, "a", "stop"), StepInfo("answer", 1.0, "b", "stop")]
+    return batch
+
+
+def test_update_hands_a_loss_entropy_with_grad_turns_and_folds_its_sums_once(monkeypatch):
+    from mmrl.model.policy import Policy
+    from mmrl.train.update import PolicyUpdate
+
+    monkeypatch.setitem(LOSSES._items, "seam_probe", SeamProbe)
+    cfg = load_config(None, [f"model.path={TINY}", "algo.loss=seam_probe", "optim.micro_batch_size=2"])
+    pol = Policy.from_pretrained(cfg.model)
+    opt = torch.optim.SGD(pol.model.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0)
+    batch = _seam_batch(pol)
+    with torch.no_grad():
+        _, ent, mask = batch.logprobs(pol, [0, 1, 2, 3], temperature=1.0)
+    upd = PolicyUpdate(cfg, pol, opt, sched, 1.0)
+    with pol.training():
+        stats = upd(batch)
+    probe = upd.loss_fn
+    assert isinstance(probe, SeamProbe) and len(probe.calls) == 2  # one object, two micro-batches of 2 rows
+    assert all(grad for grad, _, _ in probe.calls)  # the entropy came with its gradient ...
+    assert stats["grad_norm"] > 0  # ... and it alone moved the weights
+    assert stats["probe"] == 1.0 and "sums" not in stats and "tokens" not in stats  # 1-D stats are not logged
+    index = {}
+    for _, ti, m in probe.calls:  # each micro-batch's rows, identified by their masks
+        for row, row_mask in zip(ti.tolist(), m.tolist()):
+            index[tuple(row_mask)] = row
+    assert index[(1.0, 1.0, 0.0, 1.0, 1.0)] == [0, 0, -1, 1, 1]  # row 0: two turns, the env's token outside
+    assert index[(1.0, 1.0, 0.0, 0.0, 0.0)][:2] == [0, 0]  # a one-turn row: turn 0 over its response
+    assert len(probe.ended) == 1 and stats["probe/ended"] == 1.0  # the update folded the step in, once
+    sums, tokens = turn_sums(ent, mask, turn_index(batch.turns, 5))  # lr 0: the update's forwards saw these
+    assert (
+        probe.ended[0]["sums"] == pytest.approx(sums.tolist()) and probe.ended[0]["tokens"] == tokens.tolist()
+    )
+    assert probe.ended[0]["tokens"] == [2 + 2 + 3 + 1, 2]
+
+
+def test_a_loss_function_keeps_no_state():
+    from mmrl.model.policy import Policy
+    from mmrl.train.update import PolicyUpdate
+
+    cfg = load_config(None, [f"model.path={TINY}"])
+    pol = Policy.from_pretrained(cfg.model)
+    opt = torch.optim.SGD(pol.model.parameters(), lr=0.0)
+    upd = PolicyUpdate(cfg, pol, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0), 1.0)
+    assert upd.loss_fn is clipped_surrogate and upd.loss_kwargs["clip_low"] == 0.2
+    assert upd.end_step() == {} and upd.loss_state_dict() == {}  # nothing to fold, nothing to save
+    upd.load_loss_state_dict({})
+    with pytest.raises(ValueError, match="keeps no state, but the checkpoint holds"):
+        upd.load_loss_state_dict({"mean": [1.0], "count": [1]})
+
+
+ZOOM = [
+    "train.prompts_per_step=2",
+    "rollout.n=4",
+    "eval.max_samples=4",
+    "eval.every=0",
+    "train.progress=false",
+    "algo.loss=epo",
+]
+
+
+def _zoom(out: Path, *args: str) -> None:
+    """The zoom agent recipe (episodes of up to 2 turns, no browser) under ``epo``, run from the checkout (its paths
+    are relative to it)."""
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        assert main(["train", "recipes/zoom/tiny.yaml", "--output-dir", str(out), *args, *ZOOM]) == 0
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.fixture(scope="module")
+def epo_run(tmp_path_factory):
+    """2 steps, then resumed for a 3rd from the step-2 checkpoint."""
+    out = tmp_path_factory.mktemp("epo") / "run"
+    _zoom(out, "--max-steps", "2")
+    two = read_metrics(out / "metrics.jsonl")
+    saved = json.loads((out / "checkpoints" / "step-2" / "state.json").read_text())["loss"]
+    _zoom(out, "--max-steps", "3", "--resume")
+    return out, two, saved
+
+
+EPO_METRICS = (
+    "epo/entropy",
+    "epo/penalty",
+    "epo/out_of_band",
+    "epo/banded",
+    "epo/h_bar",
+    "epo/history_turns",
+)
+
+
+def test_epo_trains_two_steps_on_the_zoom_agent(epo_run):
+    _, two, saved = epo_run
+    rows = [r for r in two if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert all(math.isfinite(r[k]) for k in ("loss", "pg_loss", "entropy", *EPO_METRICS))
+        assert r["epo/entropy"] == pytest.approx(r["entropy"])  # token-mean: the one mean entropy
+        assert 0.0 <= r["epo/out_of_band"] <= r["epo/banded"] <= 1.0
+    # the first step has no history, so no band; the second has the first's, at every turn index it reached
+    assert rows[0]["epo/banded"] == 0.0 and rows[0]["epo/penalty"] == 0.0 and rows[1]["epo/banded"] > 0.0
+    assert rows[0]["episode/turns_mean"] > 1.0  # multi-turn: the history has one entry per turn index
+    assert saved["count"][0] == 2 and 1 <= len(saved["mean"]) <= 2 and max(saved["count"]) == 2
+    assert rows[1]["epo/history_turns"] == len(saved["mean"])
+    assert rows[1]["epo/h_bar"] == pytest.approx(sum(saved["mean"]) / len(saved["mean"]))
+
+
+def test_epo_history_survives_a_resume(epo_run):
+    out, two, saved = epo_run
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[:2] == [r for r in two if "loss" in r]  # appended to, not rewritten
+    # a fresh history would give the resumed process's first step no band, and count it as the first
+    assert rows[2]["epo/banded"] > 0.0
+    state = json.loads((out / "checkpoints" / "step-3" / "state.json").read_text())["loss"]
+    assert state["count"][0] == 3 and len(state["mean"]) >= len(saved["mean"])
+
+
+RANKS_WORKER = r"""
+import json, sys, torch
+from mmrl.algos import Turn
+from mmrl.config import load_config
+from mmrl.distributed import Dist
+from mmrl.model.policy import Policy
+from mmrl.rollout.episodes import StepInfo
+from mmrl.train.update import PolicyUpdate, RolloutBatch
+from mmrl.types import Sample
+
+out, tiny = sys.argv[1], sys.argv[2]
+dist = Dist()
+cfg = load_config(None, [f"model.path={tiny}", "algo.loss=epo", "rollout.n=2", "optim.micro_batch_size=1",
+                         "algo.mini_batches=2", "train.seed=5", "algo.loss_options={entropy_coeff: 0.1}"])
+torch.manual_seed(0)
+pol = Policy.from_pretrained(cfg.model)
+if dist.active:
+    pol.replicate(dist)
+p = pol.encode(Sample("q", [{"role": "user", "content": [{"type": "text", "text": "?"}]}]))
+comps = [[5, 6, 7, 8, 9], [8], [9, 10, 11, 12, 13], [14, 15], [16, 17, 18, 19], [20], [21, 22], [23, 24, 25]]
+rows = list(range(dist.rank * 8 // dist.world, (dist.rank + 1) * 8 // dist.world))
+adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0, -0.3, 0.6])
+batch = RolloutBatch.one_turn([p] * 8, comps, 2, torch.full((8, 5), -1.0), advantages=adv, rows=rows)
+for i in (0, 2):  # two episodes of two turns
+    t = batch.trajectories[i]
+    t.mask, t.turns = [1, 1, 0, 1, 1], [Turn(0, 2, 0.0, "a"), Turn(3, 5, 1.0, "b")]
+    t.steps = [StepInfo("a", 0.0, "a", "stop"), StepInfo("b", 1.0, "b", "stop")]
+opt = torch.optim.AdamW([q for q in pol.model.parameters() if q.requires_grad], lr=1e-3)
+upd = PolicyUpdate(cfg, pol, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda k: 1.0), 1.0, dist)
+steps = []
+for step in range(3):
+    with pol.training():
+        st = upd(batch, step=step)
+    steps.append({k: v for k, v in st.items() if k.startswith("epo/")})
+json.dump({"steps": steps, "history": upd.loss_state_dict()}, open(f"{out}/r{dist.world}-{dist.rank}.json", "w"))
+dist.exit()
+"""
+
+
+def test_epo_history_is_the_same_on_every_rank_and_as_one_rank(tmp_path):
+    """2 ranks each score half of every mini-batch; end_step folds the sums of both, so the ranks' histories are
+    identical, and equal one rank's up to the order of the sums."""
+    from multiproc import torchrun
+
+    worker = tmp_path / "worker.py"
+    worker.write_text(RANKS_WORKER)
+    for nproc in (1, 2):
+        torchrun(nproc, str(worker), str(tmp_path), TINY, cwd=tmp_path)
+    one, r0, r1 = (json.loads((tmp_path / f"r{n}.json").read_text()) for n in ("1-0", "2-0", "2-1"))
+    assert r0 == r1
+    assert one["history"]["count"] == r0["history"]["count"] == [3, 3]
+    assert one["history"]["mean"] == pytest.approx(r0["history"]["mean"], rel=1e-6)
+    assert [s["epo/banded"] for s in r0["steps"]] == [
+        0.0,
+        1.0,
+        1.0,
+    ]  # from the 2nd step on, every token has a band
+    for a, b in zip(one["steps"], r0["steps"]):
+        assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_epo_option_ranges_are_checked_at_pre_flight():
+    check_components(load_config(None, ["algo.loss=epo"]))
+    with pytest.raises(ConfigError, match="kappa_l <= kappa_r"):
+        check_components(load_config(None, ["algo.loss=epo", "algo.loss_options={kappa_l: 2.0}"]))

@@ -14,6 +14,7 @@ from mmrl.algos.advantages import (
 from mmrl.algos.cliff import AGRAE, DGPO, NGRPO
 from mmrl.algos.corrections import REWARD_CORRECTIONS, check_reward_correction
 from mmrl.algos.dhpo import dhpo_loss
+from mmrl.algos.epo import EPOLoss, turn_index
 from mmrl.algos.kl import KL_ESTIMATORS, kl_penalised_rewards
 from mmrl.algos.losses import AGGREGATIONS, LOSSES, Aggregation, reduce_stats, register_loss
 from mmrl.algos.multiturn import DiscountedTurns, EpisodeGRPO, GiGPO
@@ -41,6 +42,7 @@ __all__ = [
     "AdvantageInput",
     "Aggregation",
     "DiscountedTurns",
+    "EPOLoss",
     "EpisodeGRPO",
     "GiGPO",
     "Turn",
@@ -55,4 +57,5 @@ __all__ = [
     "reduce_stats",
     "register_loss",
     "rollout_correction",
+    "turn_index",
 ]

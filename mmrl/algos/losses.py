@@ -8,6 +8,16 @@ the unmasked tokens: ``clip_frac_low`` (A < 0 and rho < 1 - eps_low: the lower c
 token-weighted mean otherwise). A loss with ``needs_whole_groups = True`` (``reg_grpo``) must see every response of
 a prompt in one micro-batch; ``group_ids [B]`` then says which rows belong together.
 
+What else a loss may ask of the update, as flags of :func:`register_loss` the update reads (never the loss's name):
+``needs_entropy_grad`` (the keyword ``entropy [B, T]``: the training forward's token entropy with its gradient; a loss
+that only declares ``entropy`` gets it detached), ``needs_turns`` (``turn_index [B, T]``: the index of each token's
+turn in its trajectory, -1 outside every turn; a single-turn row is turn 0), ``collective`` (below).
+A loss that keeps state across steps is a :class:`StatefulLoss`, registered as its class: the update makes one per
+run with the options (checked against ``__init__``) and calls it without them. Its 1-D stats are not logged but are
+*step sums*: the update adds them up (zero-padded to the longest) over the step's micro-batches and every rank, and
+hands them to ``end_step(sums)`` once per step, after the update, on every rank alike; its ``state_dict`` is saved in
+checkpoints (``state.json``, key ``loss``). ``epo`` (:mod:`mmrl.algos.epo`) is one.
+
 The losses, per token (A the advantage, rho the ratio pi / pi_old):
 - ``clipped``: L = max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high)); dual clip for A < 0: L = min(L, -A c).
   rho = exp(clamp(log pi - log pi_old, -20, 20)).
@@ -48,17 +58,66 @@ LOSSES: Registry[LossFn] = Registry("policy loss")
 
 
 def register_loss(
-    name: str, *, needs_whole_groups: bool = False, collective: bool = False
+    name: str,
+    *,
+    needs_whole_groups: bool = False,
+    collective: bool = False,
+    needs_entropy_grad: bool = False,
+    needs_turns: bool = False,
 ) -> Callable[[LossFn], LossFn]:
-    """``collective``: the loss runs a collective over the data-parallel ranks in each call (BAPO's sums), so every
-    rank must call it equally often: the update pads the ranks' micro-batches to the same count."""
+    """Register a loss function, or a :class:`StatefulLoss` class, with what it asks of the update.
+    ``collective``: the loss runs a collective over the data-parallel ranks in each call (BAPO's sums), so every
+    rank must call it equally often: the update pads the ranks' micro-batches to the same count.
+    ``needs_entropy_grad``: it gets ``entropy [B, T]`` with its gradient; ``needs_turns``: ``turn_index [B, T]``."""
 
     def deco(fn: LossFn) -> LossFn:
         fn.needs_whole_groups = needs_whole_groups  # type: ignore[attr-defined]
         fn.collective = collective  # type: ignore[attr-defined]
+        fn.needs_entropy_grad = needs_entropy_grad  # type: ignore[attr-defined]
+        fn.needs_turns = needs_turns  # type: ignore[attr-defined]
         return LOSSES.register(name)(fn)
 
     return deco
+
+
+class StatefulLoss(ABC):
+    """A loss that keeps state across steps: registered as its class, made once per run as ``cls(**options)``, then
+    called as a loss function is, without the options. ``end_step(sums)`` runs once per step after the update, with
+    the step sums of its 1-D stats (the same on every rank), and returns stats to log; ``state_dict`` /
+    ``load_state_dict`` carry its state through checkpoints (JSON-serialisable)."""
+
+    @abstractmethod
+    def __call__(
+        self,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        adv: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        group_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
+
+    def end_step(self, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(
+                f"loss {type(self).__name__} keeps no state, but the checkpoint holds {sorted(state)}"
+            )
+
+
+def add_padded(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
+    """``total + part`` for 1-D step sums of possibly different lengths (the shorter zero-padded); float64 on the
+    CPU."""
+    part = part.detach().double().cpu()
+    if total is None:
+        return part
+    n, pad = max(len(total), len(part)), torch.nn.functional.pad
+    return pad(total, (0, n - len(total))) + pad(part, (0, n - len(part)))
 
 
 def _check_clip(loss: str, clip_low: float, clip_high: float, dual_clip: float | None) -> None:

@@ -101,6 +101,8 @@ def check_components(cfg: Config) -> None:
             est, a.advantage_options, f"algo.advantage_options ({a.advantage})", skip=("num_records",)
         )
         validate_kwargs(loss, loss_options(cfg), f"algo.loss_options ({a.loss})", skip=("logp", "old_logp"))
+        if isinstance(loss, type):  # a stateful loss (a class) checks its options' ranges when made
+            loss(**loss_options(cfg))
         est(1, eps=a.adv_eps, **a.advantage_options)  # the estimator's own range checks
         if a.reward_correction != "none":
             check_reward_correction(a.reward_correction, a.advantage)

@@ -211,8 +211,8 @@ class Trainer:
         self._reward_counts: dict[str, int] = {}
 
     def _restore(self, ckpt: Path) -> None:
-        """The optimizer, scheduler, sampler, estimator and step of a resumed checkpoint (the weights came with the
-        policy)."""
+        """The optimizer, scheduler, sampler, estimator, loss state and step of a resumed checkpoint (the weights came
+        with the policy)."""
         state = load_training_state(
             ckpt,
             self.opt,
@@ -223,6 +223,7 @@ class Trainer:
         )
         self.sampler.load_state_dict(state["sampler"])
         self.estimator.load_state_dict(state.get("advantage", {}))
+        self.updater.load_loss_state_dict(state.get("loss", {}))
         self.step, self.last_kl = int(state["step"]), state.get("last_kl")
 
     def resolved(self) -> dict[str, Any]:
@@ -484,6 +485,7 @@ class Trainer:
             state = {
                 "sampler": self.producer.sampler_state(),
                 "advantage": self.estimator.state_dict(),
+                "loss": self.updater.loss_state_dict(),
                 "last_kl": self.last_kl,
                 "config": to_dict(self.cfg),
             }

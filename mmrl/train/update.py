@@ -3,10 +3,13 @@ accumulated over micro-batches of ``optim.micro_batch_size`` rows (docs/algorith
 
 Every method is looked up by name and called through one shape, so nothing here branches on a method's name:
 - the policy loss ``LOSSES[algo.loss](logp, old_logp, adv, mask, group_ids=..., **options)`` gives token losses
-  (a loss that declares ``entropy`` also gets the forward's token entropy, detached);
+  (a loss that declares ``entropy`` also gets the forward's token entropy, detached; one registered
+  ``needs_entropy_grad`` gets it with its gradient, one ``needs_turns`` each token's ``turn_index``);
   its options are the clip fields it declares plus ``algo.loss_options``; a loss marked ``needs_whole_groups``
   gets micro-batches that never split a prompt's group; the rollout correction's weights
-  (``batch.rollout_weights``, :mod:`mmrl.algos.rollout_correction`) multiply them;
+  (``batch.rollout_weights``, :mod:`mmrl.algos.rollout_correction`) multiply them; a stateful loss (a class,
+  :class:`mmrl.algos.losses.StatefulLoss`) is made once with its options, its step sums reach its ``end_step`` once
+  per step (:meth:`PolicyUpdate.end_step`, called by the trainer) and its state rides in checkpoints;
 - the aggregation ``AGGREGATIONS[algo.loss_agg]`` turns token losses into numerators and units that add up across
   micro-batches, so the accumulated gradient equals the whole mini-batch's (tested);
 - the KL to the reference (``KL_ESTIMATORS[algo.kl_estimator]``) is a loss term when ``algo.kl_in: loss`` (as a
@@ -38,8 +41,10 @@ from mmrl.algos import (
     proximal_logprobs,
     reduce_stats,
     rollout_correction,
+    turn_index,
 )
 from mmrl.algos.advantages import Turn
+from mmrl.algos.losses import StatefulLoss, add_padded
 from mmrl.config import Config
 from mmrl.distributed import Dist
 from mmrl.model.policy import Policy
@@ -197,15 +202,21 @@ class PolicyUpdate:
                 f"a process group of {self.dist.world} but the policy is neither replicated nor sharded: call "
                 "policy.replicate(dist) (DDP sums the gradients) or policy.shard() (FSDP2) before the update"
             )
-        self.loss_fn: Callable = LOSSES.get(a.loss)
-        self.loss_kwargs = loss_options(cfg)
+        entry, self.loss_kwargs = LOSSES.get(a.loss), loss_options(cfg)
+        if inspect.isclass(entry):  # a stateful loss: one per run, made with its options
+            entry, self.loss_kwargs = entry(**self.loss_kwargs), {}
+        self.loss_fn: Callable = entry
         self.agg = AGGREGATIONS.get(a.loss_agg)
         self.constant = a.loss_agg_constant or float(cfg.rollout.max_new_tokens)
         self.kl_fn = KL_ESTIMATORS.get(a.kl_estimator) if a.kl_coef > 0 and a.kl_in == "loss" else None
         self.whole_groups = bool(getattr(self.loss_fn, "needs_whole_groups", False))
         self.collective_loss = bool(getattr(self.loss_fn, "collective", False))
-        # a loss that declares ``entropy`` gets the training forward's token entropy, without its gradient
+        # a loss that declares ``entropy`` gets the training forward's token entropy, with its gradient if it asks
+        self.entropy_grad = bool(getattr(self.loss_fn, "needs_entropy_grad", False))
         self.loss_reads_entropy = "entropy" in inspect.signature(self.loss_fn).parameters
+        self.loss_reads_turns = bool(getattr(self.loss_fn, "needs_turns", False))
+        self.token_turns: torch.Tensor | None = None  # [N, T] this step's turn indices, when read
+        self.sums: dict[str, torch.Tensor] = {}  # this step's sums of the loss's 1-D stats (this rank's)
         self.tokens = 0  # tokens through the training forward in the last call (for tokens/s)
 
     def __call__(self, batch: RolloutBatch, step: int = 0) -> dict[str, float]:
@@ -216,7 +227,10 @@ class PolicyUpdate:
         unit = batch.group_size if self.whole_groups else 1  # rows move in blocks of whole groups when needed
         gen = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + step)  # same on every process
         steps: list[dict[str, float]] = []
-        self.tokens = 0
+        self.tokens, self.sums = 0, {}
+        if self.loss_reads_turns:  # a single-turn row is one turn over its whole response
+            T = batch.old_logp.shape[1]
+            self.token_turns = turn_index(batch.turns or [[Turn(0, T, 0.0, "")]] * N, T)
         for _ in range(a.epochs):
             blocks = torch.randperm(N // unit, generator=gen).tolist()
             per_step = math.ceil(len(blocks) / a.mini_batches)
@@ -224,7 +238,31 @@ class PolicyUpdate:
                 rows = [b * unit + j for b in blocks[s : s + per_step] for j in range(unit)]
                 steps.append(self._optimizer_step(batch, rows, unit))
         out = {k: sum(st[k] for st in steps) / len(steps) for k in steps[0]}
-        return out | {"lr": lr}
+        return out | {"lr": lr} | self.end_step()
+
+    def end_step(self) -> dict[str, float]:
+        """At the end of each update (``__call__``), on every rank: a stateful loss folds the step into its state from its
+        step sums over every rank's micro-batches (added in rank order: the same numbers on every rank); its stats.
+        Nothing for a loss function."""
+        if not isinstance(self.loss_fn, StatefulLoss):
+            return {}
+        total: dict[str, torch.Tensor] = {}
+        for sums in self.dist.gather(self.sums):
+            for k, v in sums.items():
+                total[k] = add_padded(total.get(k), v)
+        return self.loss_fn.end_step(total)
+
+    def loss_state_dict(self) -> dict[str, Any]:
+        """The loss's state across steps, for the checkpoint (a loss function keeps none)."""
+        return self.loss_fn.state_dict() if isinstance(self.loss_fn, StatefulLoss) else {}
+
+    def load_loss_state_dict(self, state: dict[str, Any]) -> None:
+        if isinstance(self.loss_fn, StatefulLoss):
+            self.loss_fn.load_state_dict(state)
+        elif state:
+            raise ValueError(
+                f"loss {self.cfg.algo.loss!r} keeps no state, but the checkpoint holds {sorted(state)}"
+            )
 
     def _optimizer_step(self, batch: RolloutBatch, rows: list[int], unit: int) -> dict[str, float]:
         pol = self.policy
@@ -270,13 +308,15 @@ class PolicyUpdate:
         token count (a zero-weight padding micro-batch runs both passes and counts nothing)."""
         a, dev, pol = self.cfg.algo, self.policy.device, self.policy
         logp, ent, mask = batch.logprobs(
-            pol, part, temperature=self.temperature, entropy_grad=a.entropy_coef != 0
+            pol, part, temperature=self.temperature, entropy_grad=a.entropy_coef != 0 or self.entropy_grad
         )
         T = logp.shape[1]
         adv = batch.advantages[part]
         adv = (adv[:, :T] if adv.dim() == 2 else adv).to(dev)
         group_ids = torch.tensor([i // batch.group_size for i in part], device=dev)
-        extra = {"entropy": ent.detach()} if self.loss_reads_entropy else {}
+        extra = {"entropy": ent if self.entropy_grad else ent.detach()} if self.loss_reads_entropy else {}
+        if self.loss_reads_turns:
+            extra["turn_index"] = self.token_turns[part, :T].to(dev)
         old = batch.old_logp[part, :T].to(dev)
         rollout_weights = None if batch.rollout_weights is None else batch.rollout_weights[part, :T].to(dev)
         if a.old_logprobs == "interpolate":  # pi_prox per token from mu, pi_theta and each token's version
@@ -287,6 +327,8 @@ class PolicyUpdate:
                 a.rollout_correction, old, mu, mask, cap=a.rollout_correction_cap
             )
         tok_loss, st = self.loss_fn(logp, old, adv, mask, group_ids=group_ids, **self.loss_kwargs, **extra)
+        vectors = [k for k, v in st.items() if torch.is_tensor(v) and v.dim() > 0]  # step sums, not logged
+        sums = {k: st.pop(k) for k in vectors}
         if rollout_weights is not None:  # algo.rollout_correction: pi_old / pi_rollout, capped/masked
             tok_loss = tok_loss * rollout_weights
         pg = self.agg.numerator(tok_loss, mask, self.constant) / units
@@ -303,6 +345,8 @@ class PolicyUpdate:
             return {}, 0.0
         # FSDP averages gradients over ranks; the loss is already divided by the global units: undo the mean
         (loss * self.dist.world if pol.sharded else loss).backward()
+        for k, v in sums.items():
+            self.sums[k] = add_padded(self.sums.get(k), v)
         acc["loss"] += loss.item()
         acc["pg_loss"] += pg.item()
         acc["entropy"] += ent_term.item()
