@@ -361,7 +361,6 @@ def question_of(x: RewardInput) -> str:
     return str(q) if q else _PLACEHOLDERS.sub("", x.prompt).strip()
 
 
-@register_reward("judge", check=_check)
 def load_judge(
     model: str,
     engine: str,
@@ -381,6 +380,7 @@ def load_judge(
     return Loaded.get(key, lambda: HFJudge(model, device, dtype, use_image, offload))
 
 
+@register_reward("judge", check=_check)
 def judge(
     batch: list[RewardInput],
     *,

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from mmrl.algos.advantages import Turn
-from mmrl.algos.losses import StatefulLoss, _check_clip, clipped_surrogate, register_loss
+from mmrl.algos.losses import StatefulLoss, check_clip, clipped_surrogate, register_loss
 
 
 def turn_index(turns: list[list[Turn]], T: int) -> torch.Tensor:
@@ -188,7 +188,7 @@ class EPOLoss(StatefulLoss):
         kappa_r: float = 1.5,
         from_turn: int = 0,
     ):
-        _check_clip("epo", clip_low, clip_high, dual_clip)
+        check_clip("epo", clip_low, clip_high, dual_clip)
         check_options(entropy_coeff, smooth_coeff, kappa_l, kappa_r, from_turn)
         self.clip = {"clip_low": clip_low, "clip_high": clip_high, "dual_clip": dual_clip}
         self.band = {

@@ -120,7 +120,7 @@ def add_padded(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
     return pad(total, (0, n - len(total))) + pad(part, (0, n - len(part)))
 
 
-def _check_clip(loss: str, clip_low: float, clip_high: float, dual_clip: float | None) -> None:
+def check_clip(loss: str, clip_low: float, clip_high: float, dual_clip: float | None) -> None:
     if not 0.0 <= clip_low < 1.0 or clip_high < 0.0:
         raise ValueError(
             f"loss {loss!r}: need 0 <= clip_low < 1 and clip_high >= 0 (algo.clip_low/clip_high), "
@@ -193,7 +193,7 @@ def clipped_surrogate(
     dual_clip: float | None = 3.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token clipped surrogate with separate low/high clip (DAPO's clip-higher) and dual clip."""
-    _check_clip("clipped", clip_low, clip_high, dual_clip)
+    check_clip("clipped", clip_low, clip_high, dual_clip)
     a = token_adv(adv, logp)
     ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))  # [B, T]
     loss = clip_objective(ratio, a, clip_low, clip_high, dual_clip)
@@ -219,7 +219,7 @@ def gspo_loss(
     dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO: the clipped objective on the length-normalised sequence ratio, in its token form."""
-    _check_clip("gspo", clip_low, clip_high, dual_clip)
+    check_clip("gspo", clip_low, clip_high, dual_clip)
     a = token_adv(adv, logp)
     seq = sequence_log_ratio(logp, old_logp, mask).detach()  # [B] sg[log s_i]
     log_ratio = (seq[:, None] + logp - logp.detach()).clamp(-20.0, 20.0)  # [B, T], value log s_i

@@ -98,16 +98,16 @@ def stop_generators(dist: Dist) -> None:
         )
 
 
-def receive_weights(engine: Any, policy: Any, dist: Dist) -> int | None:
-    """A generating process: the next pushed version loaded into the engine's weights (paused); None at the end."""
+def receive_weights(engine: Any, params: list[torch.nn.Parameter], dist: Dist) -> int | None:
+    """A generating process: the next pushed version loaded into ``params`` (the engine's weights, paused; the
+    trained ones in the trainers' order, :func:`pushed_params`); None at the end."""
     group = dist.weights_group
-    device = _device(group, policy.device)
+    device = _device(group, params[0].device)
     header = torch.zeros(1, dtype=torch.int64, device=device)
     torch.distributed.broadcast(header, src=0, group=group)  # waits for an update, generation running
     version = int(header.item())
     if version == STOP:
         return None
-    params = [p for p in policy.model.parameters() if p.requires_grad]
     with engine.paused(), torch.no_grad():
         for bucket in buckets(params):
             flat = torch.empty(sum(p.numel() for p in bucket), dtype=bucket[0].dtype, device=device)
@@ -182,6 +182,12 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
     train = load_split(cfg.data, cfg.data.train, None, resolve_model_path(cfg.model.path))
     model_cfg = replace(cfg.model, device=str(dist.device)) if cfg.model.device == "auto" else cfg.model
     policy = Policy.from_pretrained(model_cfg, path=str(ckpt / "model") if ckpt else None)
+    params = _params(
+        policy
+    )  # the trained ones, as the trainers push them; then nothing here needs gradients:
+    # autocast caches its low-precision copy of a parameter that requires grad for a whole generate call, and a
+    # weight loaded in between two decoding steps would reach the forwards only at the next call
+    policy.model.requires_grad_(False)
     engine = HFEngine(policy, batch_size=cfg.rollout.batch_size, in_flight=True, **cfg.rollout.engine_options)
     engine.version = start
     sampler = SAMPLERS.get(cfg.sampler.name)(len(train), seed=cfg.train.seed, **cfg.sampler.options)
@@ -234,7 +240,7 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
         return run
 
     def receive() -> None:
-        while receive_weights(engine, policy, dist) is not None:
+        while receive_weights(engine, params, dist) is not None:
             with cond:
                 cond.notify_all()
 
