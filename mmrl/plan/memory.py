@@ -274,10 +274,18 @@ class Hardware:
     gpu_gib: float
     name: str | None
     source: str
+    generating: int = 0  # a separate placement's generating processes (rollout.rollout_processes), else 0
+
+    @property
+    def launched(self) -> int:
+        """Processes launched: one per GPU."""
+        return self.gpus_per_node * self.nodes
 
     @property
     def world(self) -> int:
-        return self.gpus_per_node * self.nodes
+        """The processes that train (all of them, or a separate placement's training group): what FSDP shards
+        over, DDP replicates on and a step's rows are split among."""
+        return self.launched - self.generating
 
 
 @dataclass(frozen=True)
@@ -307,7 +315,16 @@ def hardware(cfg: Config, opts: PlanOptions) -> Hardware:
     gpus, nodes = opts.gpus or hw.gpus_per_node, opts.nodes or hw.nodes
     if gpus < 1 or nodes < 1 or memory <= 0:
         raise ConfigError(f"hardware: {gpus} GPUs x {nodes} nodes of {memory} GiB: each must be positive")
-    return Hardware(gpus, nodes, float(memory), hw.name, source)
+    generating = 0
+    if cfg.rollout.placement == "separate":  # the last rollout_processes generate, the others train
+        generating = cfg.rollout.rollout_processes
+        if generating < 1 or gpus * nodes - generating < 1:
+            raise ConfigError(
+                f"rollout.placement: separate with rollout.rollout_processes {generating} of {gpus * nodes} "
+                f"launched process(es): at least one must train and one generate (plan it with --gpus "
+                f"{max(1, generating) + 1} or more)"
+            )
+    return Hardware(gpus, nodes, float(memory), hw.name, source, generating)
 
 
 def sequence(cfg: Config, shapes: ModelShapes, opts: PlanOptions) -> Sequence:

@@ -10,8 +10,16 @@ Invariants: every stage's total is per rank (one process per GPU); FSDP divides 
 optimizer state by the world size but not the reference; the verdict compares each stage with the GPU
 (``--gpu-memory``, else ``hardware.gpu_memory_gib``, else 80 GiB), and a run that does not fit gets the cheapest change
 that does, each candidate planned again, in this order: a smaller micro-batch, gradient checkpointing, a smaller vLLM
-share, the reward models offloaded, FSDP, LoRA, more GPUs. ``benchmarks/plan_accuracy.py`` holds the components to torch's own accounting of a real
-3B and 7B step (within 1-8% each).
+share, a smaller generation batch (separate placement), the reward models offloaded, FSDP, LoRA, more GPUs.
+
+A separate placement (``rollout.placement: separate``, docs/async.md#separate-placement) plans its two kinds of GPU
+apart (:func:`_separate`): a training GPU (the world is the launched processes less ``rollout.rollout_processes``; no
+rollout, the held-out evaluation's generation instead, rank 0's weight push) and a generating GPU (a one-process run's
+rollout side: the engine's copy of the policy, its KV cache and generation, the reward models, the bucket a push is
+received into); the run fits when both do.
+
+``benchmarks/plan_accuracy.py`` holds the components to torch's own accounting of a real 3B and 7B step (within 1-8%
+each).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from mmrl.plan.memory import (
     GIB,
     ConfigNotLocal,
     PlanOptions,
+    Sequence,
     Setup,
     adapted,
     nograd_activations,
@@ -43,6 +52,12 @@ VLLM_DEFAULT_UTILIZATION = 0.3  # mmrl/rollout/vllm.py's default gpu_memory_util
 VLLM_WORKSPACE = 2.0 * GIB  # vLLM's profiled activations, sampler and CUDA graphs while awake (an estimate)
 VLLM_ASLEEP = 1.0 * GIB  # what a level-1-asleep engine keeps on the GPU (CUDA graphs, buffers; an estimate)
 STAGES = ("rollout", "log-probs", "update", "weight sync")
+# a separate placement's two kinds of GPU: the training processes evaluate instead of generating; the generating ones
+# receive the pushed weights while they generate (the engine paused between two decoding steps, its KV cache kept)
+TRAIN_STAGES = ("evaluation", "log-probs", "update", "weight sync")
+GEN_STAGES = ("rollout", "weight receive")
+# mmrl.train.placement.BUCKET_BYTES (tested equal): the most bytes one pushed bucket holds
+BUCKET_BYTES = 64 * 2**20
 
 
 # ---------------------------------------------------------------------------------------------- vLLM
@@ -193,6 +208,10 @@ class Plan:
     problems: list[str] = field(default_factory=list)  # reasons it cannot start, besides the peak
     update: dict[str, float] = field(default_factory=dict)  # the update's activation phases
     advice: list[str] | None = None  # the cheapest change that fits (overrides and options), when it does not
+    stages: tuple[str, ...] = STAGES  # the keys of every row and of the totals
+    role: str = "GPU"  # a separate placement's plans: "training GPU", "generating GPU"
+    # a separate placement's generating GPU (this plan is then the training GPU's)
+    generating: Plan | None = None
 
     @property
     def peak(self) -> float:
@@ -204,20 +223,48 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return self.peak <= self.capacity and not self.problems
+        return (
+            self.peak <= self.capacity
+            and not self.problems
+            and (self.generating is None or self.generating.fits)
+        )
+
+    @property
+    def groups(self) -> list[Plan]:
+        """The plans of each kind of GPU: this one, and a separate placement's generating GPU."""
+        return [self] if self.generating is None else [self, self.generating]
+
+    @property
+    def worst(self) -> float:
+        """The highest peak over the kinds of GPU (the peak, colocated): what the advice lowers."""
+        return max(g.peak for g in self.groups)
 
 
 def plan_run(cfg: Config, opts: PlanOptions | None = None, *, advise: bool = True) -> Plan:
     """The memory budget of ``cfg`` per rank, stage by stage; with ``advise``, the cheapest change that fits."""
     s = setup(cfg, opts)
-    rows = _components(s)
-    torch_part = {st: sum(v[st] for k, v in rows.items() if _torch(k)) for st in STAGES}
-    rows["allocator slack"] = {st: ALLOCATOR_SLACK * torch_part[st] for st in STAGES}
-    totals = {st: sum(v[st] for v in rows.values()) for st in STAGES}
-    p = Plan(s, rows, totals, max(STAGES, key=totals.get), _problems(s), update_activations(s))
+    if s.hw.generating:
+        p = _separate(cfg, s, opts or PlanOptions())
+    else:
+        p = _assemble(s, _components(s), STAGES, _problems(s), update_activations(s))
     if advise and not p.fits:
         p.advice = _advice(cfg, opts or PlanOptions())
     return p
+
+
+def _assemble(
+    s: Setup,
+    rows: dict[str, dict[str, float]],
+    stages: tuple[str, ...],
+    problems: list[str],
+    update: dict[str, float],
+    role: str = "GPU",
+) -> Plan:
+    """One kind of GPU's plan: its rows, the allocator's slack over torch's part, each stage's total and the peak."""
+    torch_part = {st: sum(v[st] for k, v in rows.items() if _torch(k)) for st in stages}
+    rows["allocator slack"] = {st: ALLOCATOR_SLACK * torch_part[st] for st in stages}
+    totals = {st: sum(v[st] for v in rows.values()) for st in stages}
+    return Plan(s, rows, totals, max(stages, key=totals.get), problems, update, stages=stages, role=role)
 
 
 def _torch(row: str) -> bool:
@@ -229,21 +276,17 @@ def _torch(row: str) -> bool:
 def torch_peak(p: Plan) -> tuple[float, str]:
     """The bytes torch's caching allocator hands out at the plan's peak (``torch.cuda.max_memory_allocated``'s
     measure: no CUDA context, no vLLM, no allocator slack), and the stage where it happens."""
-    part = {st: sum(v[st] for k, v in p.rows.items() if _torch(k)) for st in STAGES}
-    stage = max(STAGES, key=part.get)
+    part = {st: sum(v[st] for k, v in p.rows.items() if _torch(k)) for st in p.stages}
+    stage = max(p.stages, key=part.get)
     return part[stage], stage
 
 
 def _components(s: Setup) -> dict[str, dict[str, float]]:
-    sh, e = s.shapes, engine(s)
+    e = engine(s)
     train = s.trainable / s.shard
-    ref = DTYPE_BYTES[s.cfg.model.dtype] * sh.params if s.ref_copy else 0.0
+    ref = _reference(s)
     grads = 4.0 * train
-    logprobs = max(
-        nograd_activations(s, policy=True) if s.old_forward else 0.0,
-        nograd_activations(s, policy=False) if s.ref_copy else 0.0,
-        nograd_activations(s, policy=True) if s.lora and s.cfg.algo.kl_coef > 0 else 0.0,
-    )
+    logprobs = _logprob_activations(s)
     rows = {
         "policy weights (fp32)": _every(_policy_weights(s)),
         "gradients (fp32)": _every(grads) if s.ddp else _only("update", grads),
@@ -261,6 +304,20 @@ def _components(s: Setup) -> dict[str, dict[str, float]]:
         rows |= _engine_rows(e)
     rows |= _reward_rows(s)
     return {k: {st: float(v.get(st, 0.0)) for st in STAGES} for k, v in rows.items()}
+
+
+def _reference(s: Setup) -> float:
+    """The frozen reference copy, in ``model.dtype``, not sharded (0 without KL, or under LoRA)."""
+    return DTYPE_BYTES[s.cfg.model.dtype] * s.shapes.params if s.ref_copy else 0.0
+
+
+def _logprob_activations(s: Setup) -> float:
+    """The no-grad passes' peak: pi_old recomputed, the reference's, LoRA's policy with its adapters off."""
+    return max(
+        nograd_activations(s, policy=True) if s.old_forward else 0.0,
+        nograd_activations(s, policy=False) if s.ref_copy else 0.0,
+        nograd_activations(s, policy=True) if s.lora and s.cfg.algo.kl_coef > 0 else 0.0,
+    )
 
 
 def _policy_weights(s: Setup) -> float:
@@ -284,8 +341,8 @@ def _engine_rows(e: Engine) -> dict[str, dict[str, float]]:
     }
 
 
-def _every(x: float) -> dict[str, float]:
-    return dict.fromkeys(STAGES, x)
+def _every(x: float, stages: tuple[str, ...] = STAGES) -> dict[str, float]:
+    return dict.fromkeys(stages, x)
 
 
 def _only(stage: str, x: float) -> dict[str, float]:
@@ -295,13 +352,24 @@ def _only(stage: str, x: float) -> dict[str, float]:
 def _hf_generation(s: Setup) -> float:
     """The HF engine's ``generate``: ``rollout.batch_size x n`` sequences at once, their bf16 KV cache, the autocast
     weight copies (one autocast region around the whole call), the prefill's transient and the step's logits."""
-    c, t = s.cfg, s.shapes.text
-    prompts = max(1, min(c.rollout.batch_size, c.train.prompts_per_step // s.hw.world))
-    seqs = prompts * c.rollout.n
-    kv = 2 * t.layers * t.kv_heads * (t.hidden // t.heads) * 2 * seqs * s.seq.total
-    prefill = seqs * s.seq.prompt * (transient(s, "text") + 12 * t.hidden) + seqs * s.seq.prompt**2
+    return sum(_hf_generation_parts(s).values())
+
+
+def _rollout_sequences(s: Setup) -> int:
+    """Sequences one HF ``generate`` call holds: ``rollout.batch_size`` prompts (fewer when the rank has fewer) x n."""
+    c = s.cfg
+    return max(1, min(c.rollout.batch_size, c.train.prompts_per_step // s.hw.world)) * c.rollout.n
+
+
+def _hf_generation_parts(s: Setup, seqs: int | None = None, seq: Sequence | None = None) -> dict[str, float]:
+    """:func:`_hf_generation`'s terms: the KV cache of ``seqs`` sequences of ``seq`` (default: the rollout's), and
+    the rest (the autocast weight copies, FSDP's gathered weights, the prefill's transient, the step's logits)."""
+    c, t, q = s.cfg, s.shapes.text, seq or s.seq
+    seqs = _rollout_sequences(s) if seqs is None else seqs
+    kv = 2 * t.layers * t.kv_heads * (t.hidden // t.heads) * 2 * seqs * q.total
+    prefill = seqs * q.prompt * (transient(s, "text") + 12 * t.hidden) + seqs * q.prompt**2
     gathered = DTYPE_BYTES[c.model.dtype] * s.shapes.params if s.fsdp else 0.0  # Policy.full_weights
-    return weight_copies(s) + gathered + kv + prefill + 4 * 4 * seqs * s.shapes.vocab
+    return {"kv": kv, "rest": weight_copies(s) + gathered + prefill + 4 * 4 * seqs * s.shapes.vocab}
 
 
 def _sync_transient(s: Setup) -> float:
@@ -316,13 +384,16 @@ def _sync_transient(s: Setup) -> float:
 def _problems(s: Setup) -> list[str]:
     """What stops the run from starting whatever the peak: vLLM's KV cache too small for one sequence, a vLLM judge
     whose share cannot hold its weights, workspace and one sequence."""
-    out = [
+    return _judge_problems(s) + _engine_problems(s)
+
+
+def _judge_problems(s: Setup) -> list[str]:
+    return [
         f"{m.name}: its gpu_memory_utilization {m.share:g} ({_gib(m.awake or 0.0)} GiB) cannot hold its weights "
         f"({_gib(m.weights or 0.0)} GiB), vLLM's workspace and one max_model_len of KV cache ({_gib(m.needs)} GiB "
         f"in all): vLLM refuses to start it (set {fix})"
         for m, fix in _judge_fixes(s)
     ]
-    return out + _engine_problems(s)
 
 
 def _judge_fixes(s: Setup) -> list[tuple[RewardModel, str]]:
@@ -348,6 +419,134 @@ def _engine_problems(s: Setup) -> list[str]:
     if e.kv_tokens < s.seq.total:
         return [f"vLLM's KV cache holds {e.kv_tokens:,} tokens, fewer than one sequence ({s.seq.total:,})"]
     return []
+
+
+# ---------------------------------------------------------------------------------------------- separate placement
+def _separate(cfg: Config, s: Setup, opts: PlanOptions) -> Plan:
+    """A separate placement: the training GPU's plan (``s``: its world is the training processes), holding the
+    generating GPU's as ``generating``."""
+    g = generating_setup(cfg, opts)
+    train = _assemble(
+        s,
+        _training_components(s),
+        TRAIN_STAGES,
+        _judge_problems(s) + _separate_problems(s),
+        update_activations(s),
+        role="training GPU",
+    )
+    train.generating = _assemble(g, _generating_components(g, s), GEN_STAGES, [], {}, role="generating GPU")
+    return train
+
+
+def generating_setup(cfg: Config, opts: PlanOptions) -> Setup:
+    """A generating process as memory sees it: a one-process run's rollout side on one GPU (no FSDP, no DDP; the
+    policy loaded as the trainer loads it, :func:`mmrl.train.placement.serve`), its collector drawing every prompt
+    of the step (``Dist.alone``)."""
+    gen = copy.deepcopy(cfg)
+    gen.rollout.placement, gen.train.fsdp = "colocated", False
+    return setup(gen, replace(opts, gpus=1, nodes=1))
+
+
+def evaluates(cfg: Config) -> bool:
+    """Whether the run generates held-out responses (``data.eval`` or ``eval.benchmark``)."""
+    return bool(cfg.data.eval) or cfg.eval.benchmark is not None
+
+
+def _eval_sequences(s: Setup) -> tuple[int, Sequence]:
+    """A held-out evaluation's ``generate`` on a training rank: one greedy response for each of up to
+    ``rollout.batch_size`` of its share of ``eval.max_samples`` records, ``eval.max_new_tokens`` long (an episode's
+    longest, in an env)."""
+    c = s.cfg
+    seqs = max(1, min(c.rollout.batch_size, math.ceil(c.eval.max_samples / s.hw.world)))
+    if c.rollout.env:
+        return seqs, s.seq
+    return seqs, replace(s.seq, response=c.eval.max_new_tokens or c.rollout.max_new_tokens)
+
+
+def _eval_generation(s: Setup) -> float:
+    if not evaluates(s.cfg):
+        return 0.0
+    seqs, seq = _eval_sequences(s)
+    return sum(_hf_generation_parts(s, seqs, seq).values())
+
+
+def bucket_bytes(s: Setup) -> float:
+    """One pushed bucket (:func:`mmrl.train.placement.buckets`): at most ``BUCKET_BYTES`` of consecutive trained
+    parameters, a bigger one alone (the embedding, in fp32 as the policy keeps it); LoRA pushes only its adapters."""
+    sh = s.shapes
+    if s.lora:
+        largest = max((s.cfg.model.lora.r * max(i, o) for _, i, o in adapted(sh, s.cfg)), default=0)
+    else:
+        largest = max([sh.embed_params, sh.head_params] + [i * o for _, i, o in sh.linears])
+    return float(max(BUCKET_BYTES, 4 * largest))
+
+
+def _push_transient(s: Setup) -> float:
+    """Training rank 0 packs one bucket at a time into a flat tensor; under FSDP2 the bucket's parameters are first
+    gathered whole (``full_tensor``), so two buckets' bytes live at once."""
+    return (2.0 if s.fsdp else 1.0) * bucket_bytes(s)
+
+
+def _training_components(s: Setup) -> dict[str, dict[str, float]]:
+    """A separate placement's training GPU: the policy's shard (or replica), gradients, AdamW, the reference, the
+    log-prob and update activations as colocated; no rollout engine, no KV cache of the rollout: the held-out
+    evaluation generates here (the training ranks' own weights, FSDP's gathered), and the push packs a bucket."""
+    train = s.trainable / s.shard
+    grads = 4.0 * train
+    rows = {
+        "policy weights (fp32)": _every(_policy_weights(s), TRAIN_STAGES),
+        "gradients (fp32)": _every(grads, TRAIN_STAGES) if s.ddp else {"update": grads},
+        "AdamW state (2 x fp32)": _every(8.0 * train, TRAIN_STAGES),
+        "reference model": _every(_reference(s), TRAIN_STAGES),
+        "activations": {
+            "evaluation": _eval_generation(s),
+            "log-probs": _logprob_activations(s),
+            "update": max(update_activations(s)["peak"], 4.0 * train),
+            "weight sync": _push_transient(s),
+        },
+        "CUDA context": _every(CUDA_CONTEXT, TRAIN_STAGES),
+    }
+    if evaluates_with_rewards(s.cfg):  # loaded at the first evaluation, offloaded between the calls or not
+        for m in reward_models(s):
+            if m.awake is not None:
+                rows[m.name] = {
+                    st: (m.awake if st == "evaluation" else m.asleep) or 0.0 for st in TRAIN_STAGES
+                }
+    return {k: {st: float(v.get(st, 0.0)) for st in TRAIN_STAGES} for k, v in rows.items()}
+
+
+def evaluates_with_rewards(cfg: Config) -> bool:
+    """Whether the training ranks score held-out responses with the run's rewards (:class:`mmrl.train.validation.
+    Validator`: not a benchmark's scorer, not an env's episodes): their reward models then load there too."""
+    return bool(cfg.data.eval) and cfg.eval.benchmark is None and not cfg.rollout.env and bool(cfg.rewards)
+
+
+def _generating_components(g: Setup, s: Setup) -> dict[str, dict[str, float]]:
+    """A separate placement's generating GPU (``g``: :func:`generating_setup`; ``s``: the training GPU's, whose
+    trained parameters are pushed): the engine's copy of the policy, the rollout's KV cache and the rest of HF
+    generation, the reward models (rewards are scored where generation runs, awake throughout: the next chunk
+    generates while one is scored), and the bucket a push is received into, which arrives while generation runs."""
+    parts = _hf_generation_parts(g)
+    rows = {
+        "engine weights (fp32 policy)": _every(_policy_weights(g), GEN_STAGES),
+        "KV cache (rollout)": _every(parts["kv"], GEN_STAGES),
+        "activations": _every(parts["rest"], GEN_STAGES),
+        "weight-receive bucket": {"weight receive": bucket_bytes(s)},
+        "CUDA context": _every(CUDA_CONTEXT, GEN_STAGES),
+    }
+    for m in reward_models(g):
+        if m.awake is not None:
+            rows[m.name] = _every(m.awake, GEN_STAGES)
+    return {k: {st: float(v.get(st, 0.0)) for st in GEN_STAGES} for k, v in rows.items()}
+
+
+def _separate_problems(s: Setup) -> list[str]:
+    if s.cfg.rollout.engine == "hf":
+        return []
+    return [
+        f"rollout.placement: separate generates with the hf engine only for now: pre-flight refuses rollout.engine "
+        f"{s.cfg.rollout.engine!r} (set rollout.engine: hf)"
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- advice
@@ -380,9 +579,9 @@ def _advice(cfg: Config, opts: PlanOptions) -> list[str] | None:
                 if p is not None and p.fits:
                     return trial + _options_text(new_opts, given)
                 if micro is None and p is not None and not p.problems:
-                    tried.append((p.peak, changes, new_opts))
+                    tried.append((p.worst, changes, new_opts))
         lower = min(tried, key=lambda x: x[0], default=None)
-        if lower is not None and best is not None and lower[0] < best.peak:
+        if lower is not None and best is not None and lower[0] < best.worst:
             done, opts = done + lower[1], lower[2]
             best = _try(cfg, done, opts)
     return None
@@ -401,6 +600,9 @@ def _change_groups(cfg: Config, s: Setup, opts: PlanOptions) -> list[list[tuple[
     if not cfg.model.gradient_checkpointing:
         groups.append([(["model.gradient_checkpointing=true"], opts)])
     groups.append([(c, opts) for c in _engine_shares(cfg, s)])
+    if s.hw.generating:  # a separate placement's generating GPU: fewer sequences at once (KV cache, prefill)
+        key = "rollout.batch_size"
+        groups.append([([f"{key}={b}"], opts) for b in _halvings(cfg.rollout.batch_size)])
     resident = [f"{m.key}.offload=true" for m in reward_models(s) if not m.offload and m.awake]
     if resident:
         groups.append([(resident, opts)])
@@ -410,8 +612,11 @@ def _change_groups(cfg: Config, s: Setup, opts: PlanOptions) -> list[list[tuple[
         groups.append([(["model.lora.r=16"], opts)])
     more = []
     for gpus, nodes in ((2, 1), (4, 1), (8, 1), (8, 2), (8, 4)):
-        world = gpus * nodes
-        if world > s.hw.world and cfg.train.prompts_per_step % world == 0:
+        # more launched processes; a separate placement's extra ones all train (its generating count is the
+        # config's), and its trainers take a balanced split of the batch (no multiple of their number needed)
+        world = gpus * nodes - s.hw.generating
+        even = s.hw.generating > 0 or cfg.train.prompts_per_step % world == 0
+        if world > s.hw.world and even:
             more.append((["train.fsdp=true"], replace(opts, gpus=gpus, nodes=nodes)))
     groups.append(more)
     return groups
@@ -457,24 +662,30 @@ def format_plan(p: Plan, name: str) -> str:
         f"hardware: {s.hw.nodes} node(s) x {s.hw.gpus_per_node} GPU(s) of {s.hw.gpu_gib:g} GiB"
         + (f" ({s.hw.name})" if s.hw.name else "")
         + f", from {s.hw.source}",
+        *_placement_lines(p),
         f"run: {_run_text(s)}",
         f"sequence: {_sequence_text(s)}",
         "",
-        *_table(p),
-        "",
-        f"peak: {_gib(p.peak)} GiB in the {p.peak_stage} stage",
+        *[line for g in p.groups for line in (*_table(g), "")],
+        "peak: "
+        + "; ".join(
+            f"{'' if len(p.groups) == 1 else g.role + ' '}{_gib(g.peak)} GiB in the {g.peak_stage} stage"
+            for g in p.groups
+        ),
         "update activations by phase, GiB: "
         + ", ".join(f"{k} {_gib(v)}" for k, v in p.update.items() if k != "peak")
         + f" (gradient checkpointing {'on' if s.cfg.model.gradient_checkpointing else 'off'})",
     ]
-    e = engine(s)
+    e = engine(s) if p.generating is None else None
+    if p.generating is not None:
+        lines += _separate_lines(p)
     if e is not None:
         lines.append(
             f"vLLM: weights {_gib(e.weights)} GiB, KV cache {_gib(e.kv_cache)} GiB = {e.kv_tokens:,} tokens "
             f"({e.kv_tokens // max(1, s.seq.total):,} sequences of {s.seq.total:,} at once), "
             f"{'asleep (level 1) outside the rollout' if e.sleep else 'awake throughout (no sleep_mode)'}"
         )
-    lines += _reward_model_lines(s)
+    lines += _reward_model_lines(s, p.generating is not None)
     lines += [f"verdict: {verdict(p)}"] + [f"  {x}" for x in p.problems]
     if not p.fits:
         lines.append(f"cheapest change that fits: {advice_text(p)}")
@@ -484,13 +695,66 @@ def format_plan(p: Plan, name: str) -> str:
     return "\n".join(lines)
 
 
-def _reward_model_lines(s: Setup) -> list[str]:
+def _placement_lines(p: Plan) -> list[str]:
+    hw = p.setup.hw
+    if p.generating is None:
+        return []
+    return [
+        f"placement: separate: {hw.world} training GPU(s) and {hw.generating} generating GPU(s) of the "
+        f"{hw.launched} launched (rollout.rollout_processes {hw.generating}, the last processes)"
+    ]
+
+
+def _separate_lines(p: Plan) -> list[str]:
+    """What a separate placement's rows are made of: the generation at once on a generating GPU, the held-out
+    evaluation's on a training GPU, the pushed buckets."""
+    s, g = p.setup, p.generating.setup
+    c = s.cfg
+    kv = p.generating.rows["KV cache (rollout)"]["rollout"]
+    seqs = _rollout_sequences(g)
+    lines = [
+        f"generating GPU: the engine's copy of the policy as the trainer loads it (fp32 master weights), "
+        f"{seqs:,} sequences ({seqs // c.rollout.n:,} prompts x {c.rollout.n} in one generate call, "
+        f"rollout.batch_size) of {g.seq.total:,} tokens at once: KV cache {_gib(kv)} GiB; pushed weights "
+        f"received in buckets of {_gib(bucket_bytes(s))} GiB at most (64 MiB, or the largest trained parameter "
+        "alone) while it generates"
+    ]
+    if evaluates(c):
+        n, q = _eval_sequences(s)
+        lines.append(
+            f"training GPU: no rollout; the held-out evaluation generates {n:,} greedy sequence(s) of {q.total:,} "
+            f"tokens at once with the rank's own weights"
+            + (" (gathered from the FSDP2 shards)" if s.fsdp else "")
+            + f"; training rank 0 packs the push one bucket at a time ({_gib(_push_transient(s))} GiB)"
+        )
+    else:
+        lines.append(
+            f"training GPU: no rollout, no evaluation (no data.eval); training rank 0 packs the push one bucket at "
+            f"a time ({_gib(_push_transient(s))} GiB)"
+        )
+    if c.rollout.rollout_processes != 1:
+        lines.append(
+            f"note: pre-flight refuses rollout.rollout_processes {c.rollout.rollout_processes} for now (one "
+            f"generating process, docs/async.md#separate-placement)"
+        )
+    return lines
+
+
+def _reward_model_lines(s: Setup, separate: bool = False) -> list[str]:
     """Why each reward model's row is what it is, and which ones the plan could not size."""
     models = reward_models(s)
     if not models:
         return []
     stages = " and ".join(scoring_stages(s.cfg))
     lines = [f"reward models (on each rank's GPU; awake while rewards are scored, in the {stages} stage):"]
+    if separate:
+        where = "on each generating GPU, awake throughout: rewards are scored while generation runs"
+        if evaluates_with_rewards(s.cfg):
+            where += (
+                "; on each training GPU too, loaded at the first held-out evaluation, whose responses the "
+                "training ranks score: awake in the evaluation stage"
+            )
+        lines = [f"reward models ({where}):"]
     for m in models:
         if m.share:
             sleep = "asleep (offload: vLLM's level-1 sleep) otherwise" if m.offload else "awake throughout"
@@ -508,21 +772,42 @@ def _reward_model_lines(s: Setup) -> list[str]:
 
 
 def _table(p: Plan) -> list[str]:
-    lines = [f"{'per GPU, GiB':34s}" + "".join(f"{st:>12s}" for st in STAGES)]
+    head = "per GPU, GiB" if p.role == "GPU" else f"per {p.role}, GiB"
+    width = max(12, 1 + max(len(st) for st in p.stages))
+    lines = [f"{head:34s}" + "".join(f"{st:>{width}s}" for st in p.stages)]
     for name, row in p.rows.items():
         if any(row.values()):
             lines.append(
-                f"  {name:32s}" + "".join(f"{_gib(row[st]) if row[st] else '-':>12s}" for st in STAGES)
+                f"  {name:32s}" + "".join(f"{_gib(row[st]) if row[st] else '-':>{width}s}" for st in p.stages)
             )
-    return lines + [f"  {'total':32s}" + "".join(f"{_gib(p.totals[st]):>12s}" for st in STAGES)]
+    return lines + [f"  {'total':32s}" + "".join(f"{_gib(p.totals[st]):>{width}s}" for st in p.stages)]
 
 
 def verdict(p: Plan) -> str:
     cap = f"{p.setup.hw.gpu_gib:g} GiB per GPU"
+    if p.generating is not None:
+        return _separate_verdict(p, cap)
     if p.fits:
         return f"fits: peak {_gib(p.peak)} GiB of {cap} ({_gib(p.capacity - p.peak)} GiB to spare)"
     if p.peak > p.capacity:
         return f"does not fit: peak {_gib(p.peak)} GiB in the {p.peak_stage} stage > {cap}"
+    return f"does not fit: {p.problems[0]}"
+
+
+def _separate_verdict(p: Plan, cap: str) -> str:
+    """Both kinds of GPU against the GPU's memory; a misfit names the kind that does not fit."""
+    if p.fits:
+        return (
+            f"fits: training GPU peak {_gib(p.peak)} GiB, generating GPU peak {_gib(p.generating.peak)} GiB of "
+            f"{cap} ({_gib(p.capacity - p.worst)} GiB to spare on the fuller)"
+        )
+    over = [
+        f"the {g.role}'s peak {_gib(g.peak)} GiB in the {g.peak_stage} stage > {cap}"
+        for g in p.groups
+        if g.peak > g.capacity
+    ]
+    if over:
+        return "does not fit: " + "; ".join(over)
     return f"does not fit: {p.problems[0]}"
 
 
@@ -540,7 +825,7 @@ def advice_text(p: Plan) -> str:
 
 
 def _run_text(s: Setup) -> str:
-    c = s.cfg
+    c, hw = s.cfg, s.hw
     kind = f"LoRA r={c.model.lora.r}" if s.lora else "full fine-tuning"
     precision = {"autocast": "bf16 autocast over fp32 master weights", "bf16": "FSDP bf16 mixed precision"}
     frozen = f" ({s.frozen_low / 1e9:.2f} B frozen Linear/Conv weights in bf16)" if s.frozen_low else ""
@@ -548,9 +833,15 @@ def _run_text(s: Setup) -> str:
         f"{kind} ({s.trainable / 1e9:.2f} B trainable)",
         precision.get(s.mode, "fp32") + frozen,
         "gradient checkpointing" if c.model.gradient_checkpointing else "no gradient checkpointing",
-        f"{s.hw.world} process(es)" + (", FSDP2" if s.fsdp else ", DDP" if s.ddp else ""),
+        f"{hw.world} {'training ' if hw.generating else ''}process(es)"
+        + (", FSDP2" if s.fsdp else ", DDP" if s.ddp else ""),
         ("a reference copy" if s.ref_copy else "no reference copy"),
-        f"{c.rollout.engine} rollouts",
+        f"{c.rollout.engine} rollouts"
+        + (
+            f" in {hw.generating} generating process(es), max_staleness {c.rollout.max_staleness}"
+            if hw.generating
+            else ""
+        ),
     ]
     return ", ".join(parts)
 
@@ -589,20 +880,25 @@ def time_estimate(s: Setup) -> str | None:
     flops, bandwidth = gpu
     c, sh = s.cfg, s.shapes
     rows = c.train.prompts_per_step * c.rollout.n / s.hw.world
+    gen_rows = c.train.prompts_per_step * c.rollout.n / s.hw.generating if s.hw.generating else rows
     text = sh.params - sh.vision_params - sh.embed_params
     forward = 2 * rows * (text * s.seq.total + sh.vision_params * s.seq.patches)
     update = c.algo.epochs * forward * (3 + c.model.gradient_checkpointing)
     logprobs = forward * (s.old_forward + (c.algo.kl_coef > 0))
-    e = engine(s)
+    e = engine(s) if not s.hw.generating else None
     concurrent = (
         max(1, e.kv_tokens // max(1, s.seq.total)) if e else max(1, c.rollout.batch_size * c.rollout.n)
     )
-    decode = s.seq.response * math.ceil(rows / concurrent) * 2 * sh.params / (e.tp if e else 1) / bandwidth
+    decode = (
+        s.seq.response * math.ceil(gen_rows / concurrent) * 2 * sh.params / (e.tp if e else 1) / bandwidth
+    )
     sustained = MFU * flops
+    where = " on a generating GPU" if s.hw.generating else ""
+    prefill = (forward * gen_rows / rows if s.hw.generating else forward) / 3
     return (
         f"time per step (rough; {MFU:.0%} of the {s.hw.name}'s bf16 peak, decoding at its memory bandwidth): "
-        f"rollout >= {decode + forward / 3 / sustained:.0f} s, log-probs {logprobs / sustained:.0f} s, "
-        f"update {update / sustained:.0f} s"
+        f"rollout >= {decode + prefill / sustained:.0f} s{where}, "
+        f"log-probs {logprobs / sustained:.0f} s, update {update / sustained:.0f} s"
     )
 
 
