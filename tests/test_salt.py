@@ -207,3 +207,38 @@ train: {{prompts_per_step: 2, progress: false, seed: 3, save_every: 0}}
     for r in rows:
         assert math.isfinite(r["loss"]) and r["salt/turns_mean"] == 2.0
         assert 0.0 <= r["salt/merged_steps"] <= 0.5  # last steps are never merged: half the steps at most
+
+
+def test_recorded_action_keys_merge_on_the_action_itself():
+    """Turns that carry their action's key (the episode driver's digest of its token ids) merge on (state, action):
+    two actions of equal length in one state stay apart even when the next screens are equal, and equal last steps
+    merge."""
+    a = [Turn(0, 2, 0.0, "s0", "click-1"), Turn(2, 4, 0.0, "s1", "type-x")]
+    b = [Turn(0, 2, 0.0, "s0", "click-2"), Turn(2, 4, 0.0, "s1", "type-x")]  # same length, same next screen
+    c = [Turn(0, 2, 0.0, "s0", "click-1"), Turn(2, 4, 0.0, "s1", "type-x")]
+    assert step_keys(a, 0, "state") == [("s0", "click-1"), ("s1", "type-x")]
+    ka, kb, kc = (step_keys(r, i, "prefix") for i, r in enumerate((a, b, c)))
+    assert ka[0] != kb[0] and ka == kc  # a and c took the same steps; b another first action
+    # state keys: the last steps of all three are one node (same state, same action)
+    adv, sizes = merged_step_advantages(
+        [1.0, -1.0, 0.5], [step_keys(r, i, "state") for i, r in enumerate((a, b, c))]
+    )
+    assert adv[0] == [pytest.approx(0.75), pytest.approx(0.5 / 3)]  # first: a and c; last: all three
+    assert adv[1] == [-1.0, pytest.approx(0.5 / 3)]
+    assert sizes[0] == [2, 3] and sizes[1] == [1, 3]
+
+
+def test_the_episode_driver_records_each_turns_action_key():
+    from mmrl.model.prompt import EncodedPrompt
+    from mmrl.rollout.base import Completion
+    from mmrl.rollout.episodes import Trajectory
+    from mmrl.types import Sample
+
+    t = Trajectory.start("e", Sample("s", []), EncodedPrompt("s", torch.tensor([1])), "s0")
+    t.add_completion(Completion([5, 6], "", [0.0, 0.0], "stop"))
+    u = Trajectory.start("f", Sample("s", []), EncodedPrompt("s", torch.tensor([1])), "s0")
+    u.add_completion(Completion([5, 7], "", [0.0, 0.0], "stop"))
+    v = Trajectory.start("g", Sample("s", []), EncodedPrompt("s", torch.tensor([1])), "s0")
+    v.add_completion(Completion([5, 6], "", [0.0, 0.0], "stop"))
+    ka, kb, kc = (x.turns[0].action_key for x in (t, u, v))
+    assert ka and ka == kc and ka != kb

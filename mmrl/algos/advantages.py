@@ -54,6 +54,9 @@ class Turn:
     end: int  # one past the last action token
     reward: float  # r_t, the environment's reward for this step
     state_key: str  # the env's key of the observation (without history); equal keys are the same state
+    action_key: str = (
+        ""  # the action's identity (a digest of its token ids; "" where unknown): equal keys, equal actions
+    )
 
 
 @dataclass

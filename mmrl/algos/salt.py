@@ -13,21 +13,16 @@ There is no renormalisation after the averaging. Tasks are never merged with eac
 the batch), even when two share state keys.
 
 The merge key (the paper does not publish it; docs/credit.md#the-merge-key). A step is (s_t, a_t): the state key of
-the observation the action was taken in and the action's identity. ``Turn`` holds no action text or token ids, so the
-action is identified by what the trajectory shows of it: its number of tokens n_t (equal actions have equal token
-counts) and the observation s_{t+1} it led to (in a deterministic environment, equal state and action give equal next
-state). The last step of a trajectory shows no next observation, so it is never merged: it keeps A_i. Merging
-trajectories with equal outcomes changes nothing (their A_i are equal), so never merging last steps departs from a
-merge on the action itself only where equal final actions end in different outcomes (a stochastic reward).
+the observation the action was taken in and the action's identity, ``Turn.action_key`` (the episode driver records a
+digest of the action's token ids). Turns without action keys (built by hand) fall back to what the trajectory shows
+of the action: its number of tokens n_t and the observation s_{t+1} it led to (in a deterministic environment, equal
+state and action give equal next state), the last step never merged (it shows no next observation): below, read
+a_t as (n_t, s_{t+1}) for them.
 
-- ``key: prefix`` (default): k_it = ((s_0, n_0, s_1), ..., (s_t, n_t, s_{t+1})), the whole history up to and
-  including this step: the graph is the prefix tree of the group's trajectories.
-- ``key: state``: k_it = (s_t, n_t, s_{t+1}) alone, GiGPO-style anchor states: histories that reach the same state and
-  act alike merge. A trajectory that passes a node twice counts once in its mean.
-
-Where the merge is wrong: an environment whose next observation does not depend on the action (the test env
-``test_parity`` shows the same screens whatever was typed) merges different actions of equal length, which pulls
-their advantages toward the mean; SALT then needs ``Turn`` to carry an action key (docs/credit.md#the-merge-key).
+- ``key: prefix`` (default): k_it = ((s_0, a_0), ..., (s_t, a_t)), the whole history up to and including this step:
+  the graph is the prefix tree of the group's trajectories.
+- ``key: state``: k_it = (s_t, a_t) alone, GiGPO-style anchor states: histories that reach the same state and act
+  alike merge. A trajectory that passes a node twice counts once in its mean.
 
 Single-turn data (``turns is None``): every row is one step, its last, so ``salt`` gives exactly ``grpo`` (or ``rloo``)
 on every response token.
@@ -63,12 +58,17 @@ BASES: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
 
 
 def step_keys(row: list[Turn], i: int, key: Key = "prefix") -> list[Hashable]:
-    """The merge key of every step of trajectory ``i`` (its index within the task); the last step's is its own."""
-    steps: list[Hashable] = [
-        (turn.state_key, turn.end - turn.start, row[t + 1].state_key) for t, turn in enumerate(row[:-1])
-    ]
-    if row:
-        steps.append(("last step of", i))  # its action shows in no later observation
+    """The merge key of every step of trajectory ``i`` (its index within the task): (state, action) where the turns
+    carry their action's key (the episode driver records a digest of its token ids); else the stand-in of the module
+    docstring, the last step's key its own."""
+    if row and all(turn.action_key for turn in row):
+        steps: list[Hashable] = [(turn.state_key, turn.action_key) for turn in row]
+    else:
+        steps = [
+            (turn.state_key, turn.end - turn.start, row[t + 1].state_key) for t, turn in enumerate(row[:-1])
+        ]
+        if row:
+            steps.append(("last step of", i))  # its action shows in no later observation
     if key == "state":
         return steps
     return [tuple(steps[: t + 1]) for t in range(len(steps))]

@@ -21,6 +21,7 @@ Invariants (each tested in tests/test_episodes.py):
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections import Counter
 from collections.abc import Sequence
@@ -314,7 +315,8 @@ class Trajectory:
         self._extend(c.token_ids, 1, c.logprobs)
         self.completions.append(c)
         self.parts.append(list(c.token_ids))
-        self.turns.append(Turn(start, len(self.response), 0.0, self.state_key))
+        action = hashlib.blake2b(repr(list(c.token_ids)).encode(), digest_size=8).hexdigest()
+        self.turns.append(Turn(start, len(self.response), 0.0, self.state_key, action))
 
     def reward_last_turn(self, reward: float) -> None:
         self.turns[-1] = replace(self.turns[-1], reward=float(reward))
