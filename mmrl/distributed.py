@@ -167,6 +167,22 @@ class Dist:
         d.generates = False
         return d
 
+    # --- a separate placement's links (mmrl.train.placement): training rank 0 <-> the generating processes
+    def weights_device(self) -> torch.device:
+        """Where the weights group moves tensors: the host for gloo, else this process's accelerator."""
+        gloo = torch.distributed.get_backend(self.weights_group) == "gloo"
+        return torch.device("cpu") if gloo else self.device
+
+    def weights_broadcast(self, t: torch.Tensor) -> None:
+        """``t`` from training rank 0 to the generating processes, in place (call it on those processes only)."""
+        torch.distributed.broadcast(t, src=0, group=self.weights_group)
+
+    def data_broadcast(self, obj: Any, src: int) -> Any:
+        """A picklable object from global rank ``src`` to every process of a separate placement; returns it."""
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=src, group=self.data_group)
+        return box[0]
+
     def mesh(self) -> Any:
         """FSDP2's device mesh over the training processes (None: every process, torch's default)."""
         if self.group is None:

@@ -143,6 +143,13 @@ def stream_full_tensors(
         yield name, t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` whole on every rank: a sharded (DTensor) parameter gathered (a collective of its mesh), else itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def save_sharded_optimizer(
     model: torch.nn.Module, opt: torch.optim.Optimizer, folder: Path, group: Any = None
 ) -> None:

@@ -66,52 +66,41 @@ def buckets(params: list[Any], limit: int = BUCKET_BYTES) -> list[list[Any]]:
     return out
 
 
-def _device(group: Any, device: torch.device) -> torch.device:
-    """Where ``group`` moves tensors: the host for gloo, else the process's accelerator (call it as a member)."""
-    return torch.device("cpu") if torch.distributed.get_backend(group) == "gloo" else device
-
-
 def push_weights(policy: Any, dist: Dist, version: int) -> None:
     """Every training process: the trained weights to the generating processes as ``version`` (module docstring)."""
-    from torch.distributed.tensor import DTensor
+    from mmrl.model.fsdp import full_tensor
 
     main = dist.rank == 0  # the other training processes only take part in FSDP2's gathers
-    group = dist.weights_group
-    device = _device(group, dist.device) if main else dist.device
+    device = dist.weights_device() if main else dist.device
     if main:
-        torch.distributed.broadcast(torch.tensor([version], device=device), src=0, group=group)
+        dist.weights_broadcast(torch.tensor([version], device=device))
     with torch.no_grad():
         for bucket in buckets(_params(policy)):
-            full = [p.full_tensor() if isinstance(p, DTensor) else p.detach() for p in bucket]
+            full = [full_tensor(p.detach()) for p in bucket]
             if main:
-                flat = torch.cat([t.reshape(-1) for t in full]).to(device)
-                torch.distributed.broadcast(flat, src=0, group=group)
+                dist.weights_broadcast(torch.cat([t.reshape(-1) for t in full]).to(device))
             del full
 
 
 def stop_generators(dist: Dist) -> None:
     """Training rank 0, at the end: the generating processes' receivers end."""
     if dist.rank == 0 and dist.weights_group is not None:
-        group = dist.weights_group
-        torch.distributed.broadcast(
-            torch.tensor([STOP], device=_device(group, dist.device)), src=0, group=group
-        )
+        dist.weights_broadcast(torch.tensor([STOP], device=dist.weights_device()))
 
 
 def receive_weights(engine: Any, params: list[torch.nn.Parameter], dist: Dist) -> int | None:
     """A generating process: the next pushed version loaded into ``params`` (the engine's weights, paused; the
-    trained ones in the trainers' order, :func:`pushed_params`); None at the end."""
-    group = dist.weights_group
-    device = _device(group, params[0].device)
+    trained ones, in the trainers' order); None at the end."""
+    device = dist.weights_device()
     header = torch.zeros(1, dtype=torch.int64, device=device)
-    torch.distributed.broadcast(header, src=0, group=group)  # waits for an update, generation running
+    dist.weights_broadcast(header)  # waits for an update, generation running
     version = int(header.item())
     if version == STOP:
         return None
     with engine.paused(), torch.no_grad():
         for bucket in buckets(params):
             flat = torch.empty(sum(p.numel() for p in bucket), dtype=bucket[0].dtype, device=device)
-            torch.distributed.broadcast(flat, src=0, group=group)
+            dist.weights_broadcast(flat)
             offset = 0
             for p in bucket:
                 p.copy_(flat[offset : offset + p.numel()].view_as(p))
@@ -122,9 +111,7 @@ def receive_weights(engine: Any, params: list[torch.nn.Parameter], dist: Dist) -
 
 def announce_start(dist: Dist, start: int, ckpt: Path | None) -> tuple[int, Path | None]:
     """Training rank 0 tells the generating processes where the run starts (its step and checkpoint)."""
-    obj = [(start, None if ckpt is None else str(ckpt))]
-    torch.distributed.broadcast_object_list(obj, src=0, group=dist.data_group)
-    start, path = obj[0]
+    start, path = dist.data_broadcast((start, None if ckpt is None else str(ckpt)), src=0)
     return start, None if path is None else Path(path)
 
 
@@ -142,9 +129,7 @@ class Receiver:
         from mmrl.train.producer import staleness_stats
 
         t0 = time.perf_counter()
-        obj: list[Any] = [None]
-        torch.distributed.broadcast_object_list(obj, src=self.src, group=self.dist.data_group)
-        got_step, got = obj[0]
+        got_step, got = self.dist.data_broadcast(None, src=self.src)
         if isinstance(got, BaseException):
             raise RuntimeError(f"the generating process (rank {self.src}) failed: {got!r}") from got
         assert got_step == step, (got_step, step)
@@ -246,7 +231,7 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
 
     def send() -> None:
         while (item := outbox.get()) is not None:
-            torch.distributed.broadcast_object_list([item], src=dist.global_rank, group=dist.data_group)
+            dist.data_broadcast(item, src=dist.global_rank)
 
     receiver = threading.Thread(target=guarded(receive), name="mmrl-weights", daemon=True)
     sender = threading.Thread(target=guarded(send), name="mmrl-batches", daemon=True)
