@@ -83,6 +83,7 @@ def test_episode_batch_masks_env_tokens(tmp_path, monkeypatch):
 
     monkeypatch.setattr(trainer, "estimator", spy)
     trainer.estimator.needs_entropy = False
+    trainer.estimator.answer_template = None
     got = trainer.collector.collect(1)
     batch = trainer.make_batch(got)
     got.resolve()

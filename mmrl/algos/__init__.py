@@ -15,6 +15,7 @@ from mmrl.algos.cliff import AGRAE, DGPO, NGRPO
 from mmrl.algos.corrections import REWARD_CORRECTIONS, check_reward_correction
 from mmrl.algos.dhpo import dhpo_loss
 from mmrl.algos.epo import EPOLoss, turn_index
+from mmrl.algos.igpo import IGPO
 from mmrl.algos.kl import KL_ESTIMATORS, kl_penalised_rewards
 from mmrl.algos.losses import AGGREGATIONS, LOSSES, Aggregation, reduce_stats, register_loss
 from mmrl.algos.multiturn import DiscountedTurns, EpisodeGRPO, GiGPO
@@ -45,6 +46,7 @@ __all__ = [
     "EPOLoss",
     "EpisodeGRPO",
     "GiGPO",
+    "IGPO",
     "Turn",
     "advantage_stats",
     "check_reward_correction",

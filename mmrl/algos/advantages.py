@@ -70,6 +70,8 @@ class AdvantageInput:
     entropy: torch.Tensor | None = None  # [B*G, T] full-vocabulary entropy under pi_old, when needs_entropy
     kl: float | None = None  # batch-mean KL(policy || ref) of the previous update; None without ref or step
     turns: list[list[Turn]] | None = None  # [B*G] each row's turns in order; None: single-turn rows
+    # [B*G] per row, per turn: mean log-prob of the record's reference answer before the turn (answer_template)
+    answer_logp: list[list[float]] | None = None
 
 
 class AdvantageEstimator(ABC):
@@ -77,6 +79,8 @@ class AdvantageEstimator(ABC):
 
     needs_entropy: bool = False  # an instance may set these from its options (mssr: entropy, init)
     needs_init: bool = False
+    # set: the trainer fills AdvantageInput.answer_logp, probing each turn's context with this text ("{answer}")
+    answer_template: str | None = None
     min_group_size: ClassVar[int] = 2
     shift_invariant: ClassVar[bool] = True
     scale_invariant: ClassVar[bool] = False

@@ -40,7 +40,7 @@ from mmrl.model import fsdp
 from mmrl.model.policy import Policy
 from mmrl.rewards.compose import CompositeReward, RewardConfig
 from mmrl.rollout import ENGINES
-from mmrl.rollout.episodes import run_episodes
+from mmrl.rollout.episodes import answer_probes, run_episodes
 from mmrl.run import checkpoint, rundir, trackers
 from mmrl.run.checkpoint import load_training_state, rng_state
 from mmrl.run.metrics import MetricsLogger
@@ -410,6 +410,21 @@ class Trainer:
                     ent[r] = e
         return logp, ent
 
+    def answer_logprobs(self, batch: RolloutBatch, template: str) -> list[list[float]]:
+        """Per row, per turn: the mean log-prob under pi_old of the record's reference answer before the turn
+        (:func:`mmrl.rollout.episodes.answer_probes`), scored like the batch's rows."""
+        probes, owners = answer_probes(self.policy, batch.trajectories, template)
+        out: list[list[float]] = [[] for _ in batch.trajectories]
+        if probes:
+            pb = RolloutBatch(probes, 1, torch.zeros(len(probes), max(len(p.response) for p in probes)))
+            if self.dist.active:
+                pb.rows = self.dist.balanced(*pb.blocks(list(range(len(pb))), 1))
+            logp, mask = self.forward_no_grad(self.policy, pb)[0], pb.mask  # [P, T] each
+            mean = (logp * mask).sum(1) / mask.sum(1).clamp(min=1)  # [P]
+            for i, v in zip(owners, mean.tolist()):
+                out[i].append(v)
+        return out
+
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         if self.ref is not None:
             return self.forward_no_grad(self.ref, batch)[0]
@@ -427,6 +442,8 @@ class Trainer:
         inp = AdvantageInput(
             rewards, got.indices, batch.old_logp, batch.mask, batch.entropy, self.last_kl, turns=batch.turns
         )
+        if self.estimator.answer_template is not None:
+            inp.answer_logp = self.answer_logprobs(batch, self.estimator.answer_template)
         batch.advantages, est_stats = self.estimator(inp)
         return stats | est_stats
 
