@@ -192,6 +192,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from mmrl.rollout import ENGINES
     from mmrl.run.trackers import TRACKERS
     from mmrl.samplers import SAMPLERS
+    from mmrl.train.augment import AUGMENTERS
 
     rows = {
         "presets (algo.preset)": sorted(PRESETS),
@@ -201,6 +202,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         "KL estimators (algo.kl_estimator)": KL_ESTIMATORS.names(),
         "reward corrections (algo.reward_correction)": REWARD_CORRECTIONS.names(),
         "rollout corrections (algo.rollout_correction)": ROLLOUT_CORRECTIONS.names(),
+        "batch augmenters (algo.augment)": AUGMENTERS.names(),
         "rewards (rewards[].name)": REWARDS.names(),
         "samplers (sampler.name)": SAMPLERS.names(),
         "rollout engines (rollout.engine)": ENGINES.names(),

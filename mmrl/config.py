@@ -218,6 +218,14 @@ class AlgoConfig:
     advantage_options: dict[str, Any] = opt(
         "the estimator's own options (checked against its signature)", factory=dict
     )
+    augment: str = opt(
+        "batch augmenter (registered): none, aepo: rows the collector adds to each step's batch with advantages of "
+        "their own (docs/credit.md#aepo)",
+        "none",
+    )
+    augment_options: dict[str, Any] = opt(
+        "the augmenter's own options (checked against its signature)", factory=dict
+    )
     loss: str = opt("policy loss (registered): clipped, gspo, reg_grpo", "clipped")
     loss_options: dict[str, Any] = opt(
         "extra options of the loss function (checked against its signature)", factory=dict

@@ -11,6 +11,7 @@ from mmrl.algos.advantages import (
     group_advantage,
     groups_with_signal,
 )
+from mmrl.algos.aepo import with_fixed_advantages
 from mmrl.algos.cliff import AGRAE, DGPO, NGRPO
 from mmrl.algos.corrections import REWARD_CORRECTIONS, check_reward_correction
 from mmrl.algos.dhpo import dhpo_loss
@@ -60,4 +61,5 @@ __all__ = [
     "register_loss",
     "rollout_correction",
     "turn_index",
+    "with_fixed_advantages",
 ]

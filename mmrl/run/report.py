@@ -132,7 +132,8 @@ def _curves(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
         ("episode", "episodes: rates (success, step accuracy, ...)", rates, True),
         ("episode_counts", "episodes: counts (turns, ...)", [k for k in episode if k not in rates], True),
         ("kl", "KL to the reference", ["kl"], True),
-        ("entropy", "policy entropy", ["entropy"], True),
+        # with its target where a method holds it at one (aepo/target_entropy)
+        ("entropy", "policy entropy", ["entropy", *[k for k in keys if k.endswith("/target_entropy")]], True),
         (
             "response_length",
             "response length (tokens)",

@@ -65,6 +65,7 @@ def check_components(cfg: Config) -> None:
     from mmrl.registry import validate_kwargs
     from mmrl.rollout import ENGINES
     from mmrl.samplers import SAMPLERS
+    from mmrl.train.augment import AUGMENTERS
     from mmrl.train.update import loss_options
 
     a = cfg.algo
@@ -104,6 +105,10 @@ def check_components(cfg: Config) -> None:
         if isinstance(loss, type):  # a stateful loss (a class) checks its options' ranges when made
             loss(**loss_options(cfg))
         est(1, eps=a.adv_eps, **a.advantage_options)  # the estimator's own range checks
+        if a.augment != "none":
+            aug = lookup(AUGMENTERS, a.augment, "algo.augment")
+            validate_kwargs(aug, a.augment_options, f"algo.augment_options ({a.augment})")
+            aug(**a.augment_options).check(cfg)
         if a.reward_correction != "none":
             check_reward_correction(a.reward_correction, a.advantage)
             REWARD_CORRECTIONS.get(a.reward_correction)(_one_reward(), fp_rate=a.fp_rate, fn_rate=a.fn_rate)

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,8 @@ class Collected:
     # the sampler's state after this batch's draw and rewards
     timings: dict[str, float] = field(default_factory=dict)
     sampler_after: dict[str, Any] | None = None
+    # rows (b * G + g) whose advantage an augmenter fixed (mmrl.train.augment): the estimator's value is replaced
+    fixed_advantages: dict[int, float] = field(default_factory=dict)
 
     def resolve(self) -> Collected:
         """Wait for rewards still being computed (``train.overlap_rewards``); a no-op once they are in. Call it on
@@ -142,6 +144,7 @@ class Collector:
         render_root: Path | None = None,
         episode_root: Path | None = None,
         skipped_path: Path | None = None,
+        augment: Any = None,
     ):
         self.cfg, self.data, self.policy, self.engine = cfg, data, policy, engine
         self.sampler, self.reward, self.stage, self.dist = sampler, reward, stage, dist
@@ -159,6 +162,7 @@ class Collector:
         self.bad: set[int] = (
             set()
         )  # dataset indices whose media failed to encode: never drawn into a batch again
+        self.augment = augment  # algo.augment (mmrl.train.augment): changes each collected batch
 
     @property
     def multi_turn(self) -> bool:
@@ -397,7 +401,38 @@ class Collector:
             self._pool = None
 
     def collect(self, step: int) -> Collected:
-        """Step ``step``'s batch of ``train.prompts_per_step`` groups (only informative ones under dynamic sampling)."""
+        """Step ``step``'s batch of ``train.prompts_per_step`` groups (only informative ones under dynamic sampling),
+        then what ``algo.augment`` adds."""
+        got = self._collect(step)
+        return got if self.augment is None else self.augment(self, got)
+
+    def feedback(self, metrics: dict[str, Any]) -> None:
+        """A step's logged metrics, for the augmenter."""
+        if self.augment is not None:
+            self.augment.feedback(metrics)
+
+    def resample(
+        self, got: Collected, groups: list[int], temperature: float
+    ) -> tuple[list[list[Trajectory]], torch.Tensor]:
+        """G fresh episodes of each of ``groups`` (positions in ``got``) at ``temperature``, scored: ``[b][G]``
+        trajectories and rewards ``[b, G]`` in the order of ``groups``, the same on every rank."""
+        wanted = set(groups)
+        mine = [b for b in self.dist.share(len(got.indices)) if b in wanted]
+        samples = [got.samples[b] for b in mine]
+        params = replace(self.sampling_params(), temperature=temperature)
+        trajs: list[list[Trajectory]] = []
+        rewards = torch.zeros(0, params.n)
+        with self.stage("rollout"), self.generation_weights():
+            if mine:
+                trajs = self.run_episodes(samples, [got.prompts[b] for b in mine], params)
+        if mine:
+            with self.stage("reward"):
+                rewards = self.score(samples, trajs)[0]
+        parts = self.dist.gather((mine, trajs, rewards))
+        at = {b: (t, r) for part in parts for b, t, r in zip(part[0], part[1], part[2])}
+        return [at[b][0] for b in groups], torch.stack([at[b][1] for b in groups])
+
+    def _collect(self, step: int) -> Collected:
         k, a = self.cfg.train.prompts_per_step, self.cfg.algo
         self.tally, self.step = Tally(), step
         if not a.dynamic_sampling:  # rewards may still be running: the trainer resolves them

@@ -32,6 +32,7 @@ from mmrl.algos import (
     AdvantageInput,
     kl_penalised_rewards,
     rollout_correction,
+    with_fixed_advantages,
 )
 from mmrl.config import Config, to_dict
 from mmrl.data import ensure_built, load_split
@@ -47,6 +48,7 @@ from mmrl.run.metrics import MetricsLogger
 from mmrl.run.progress import progress
 from mmrl.samplers import SAMPLERS
 from mmrl.train import step_stats
+from mmrl.train.augment import make_augmenter
 from mmrl.train.checks import check_config
 from mmrl.train.collect import ROLLOUTS_LOGGED, Collected, Collector
 from mmrl.train.image_check import ImageCheck
@@ -199,6 +201,7 @@ class Trainer:
             render_root=self.out / "renders",
             episode_root=self.out / "episodes",
             skipped_path=self.out / "skipped.jsonl",
+            augment=make_augmenter(cfg),
         )
         self.validator = Validator(cfg, eval_data, self.collector, out_dir=self.out)
         self.producer = (
@@ -224,6 +227,8 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         self.estimator.load_state_dict(state.get("advantage", {}))
         self.updater.load_loss_state_dict(state.get("loss", {}))
+        if self.collector.augment is not None:
+            self.collector.augment.load_state_dict(state.get("augment", {}))
         self.step, self.last_kl = int(state["step"]), state.get("last_kl")
 
     def resolved(self) -> dict[str, Any]:
@@ -292,6 +297,7 @@ class Trainer:
                         got, self.timings, got.tally.reward_seconds, self.updater.tokens
                     )
                     self.logger.log(metrics)
+                    self.collector.feedback(metrics)
                     self._write_rollouts(got)
                     logged = got.trajectories[:ROLLOUTS_LOGGED]  # episode folders: only the logged ones stay
                     self.collector.retire_episodes({t.episode_id for row in logged for t in row})
@@ -445,6 +451,7 @@ class Trainer:
         if self.estimator.answer_template is not None:
             inp.answer_logp = self.answer_logprobs(batch, self.estimator.answer_template)
         batch.advantages, est_stats = self.estimator(inp)
+        batch.advantages = with_fixed_advantages(batch.advantages, batch.mask, got.fixed_advantages)
         return stats | est_stats
 
     def reward_rollout_stats(self, got: Collected) -> dict[str, float]:
@@ -503,6 +510,7 @@ class Trainer:
                 "sampler": self.producer.sampler_state(),
                 "advantage": self.estimator.state_dict(),
                 "loss": self.updater.loss_state_dict(),
+                "augment": self.collector.augment.state_dict() if self.collector.augment else {},
                 "last_kl": self.last_kl,
                 "config": to_dict(self.cfg),
             }
