@@ -41,13 +41,13 @@ from mmrl.model import fsdp
 from mmrl.model.policy import Policy
 from mmrl.rewards.compose import CompositeReward, RewardConfig
 from mmrl.rollout import ENGINES
-from mmrl.rollout.episodes import answer_probes, run_episodes
+from mmrl.rollout.episodes import run_episodes
 from mmrl.run import checkpoint, rundir, trackers
 from mmrl.run.checkpoint import load_training_state, rng_state
 from mmrl.run.metrics import MetricsLogger
 from mmrl.run.progress import progress
 from mmrl.samplers import SAMPLERS
-from mmrl.train import step_stats
+from mmrl.train import no_grad, step_stats
 from mmrl.train.augment import make_augmenter
 from mmrl.train.checks import check_config
 from mmrl.train.collect import ROLLOUTS_LOGGED, Collected, Collector
@@ -55,7 +55,7 @@ from mmrl.train.image_check import ImageCheck
 from mmrl.train.placement import Receiver, announce_start
 from mmrl.train.producer import Producer, engine_options
 from mmrl.train.rollout_log import append_rollouts, rollout_rows
-from mmrl.train.update import PolicyUpdate, RolloutBatch, micro_batches
+from mmrl.train.update import PolicyUpdate, RolloutBatch
 from mmrl.train.validation import Validator
 
 
@@ -384,52 +384,11 @@ class Trainer:
             batch.entropy = ent
         return batch
 
-    @torch.no_grad()
     def forward_no_grad(
         self, policy: Policy, batch: RolloutBatch, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropies) of this process's rows, gathered so every process holds the whole batch's."""
-        logp = torch.zeros_like(batch.old_logp)
-        ent = torch.zeros_like(batch.old_logp) if with_entropy else None
-        rows = batch.local_rows
-        micros = micro_batches(batch, rows, 1, self.cfg)
-        # under FSDP every forward is a collective: as many as the rank with the most (the extra ones dropped)
-        if policy.sharded:
-            most = max(self.dist.gather(len(micros)))
-            micros += [rows[:1]] * (most - len(micros))
-        done: set[int] = set()
-        for part in micros:
-            if done.issuperset(part):
-                batch.logprobs(policy, part)
-                continue
-            done.update(part)
-            lp, e, _ = batch.logprobs(
-                policy, part, temperature=self._train_temperature(), with_entropy=with_entropy
-            )
-            logp[part, : lp.shape[1]] = lp.float().cpu()
-            if ent is not None:
-                ent[part, : e.shape[1]] = e.float().cpu()
-        if self.dist.active:
-            for r, lp, e in self.dist.gather((rows, logp[rows], None if ent is None else ent[rows])):
-                logp[r] = lp
-                if ent is not None:
-                    ent[r] = e
-        return logp, ent
-
-    def answer_logprobs(self, batch: RolloutBatch, template: str) -> list[list[float]]:
-        """Per row, per turn: the mean log-prob under pi_old of the record's reference answer before the turn
-        (:func:`mmrl.rollout.episodes.answer_probes`), scored like the batch's rows."""
-        probes, owners = answer_probes(self.policy, batch.trajectories, template)
-        out: list[list[float]] = [[] for _ in batch.trajectories]
-        if probes:
-            pb = RolloutBatch(probes, 1, torch.zeros(len(probes), max(len(p.response) for p in probes)))
-            if self.dist.active:
-                pb.rows = self.dist.balanced(*pb.blocks(list(range(len(pb))), 1))
-            logp, mask = self.forward_no_grad(self.policy, pb)[0], pb.mask  # [P, T] each
-            mean = (logp * mask).sum(1) / mask.sum(1).clamp(min=1)  # [P]
-            for i, v in zip(owners, mean.tolist()):
-                out[i].append(v)
-        return out
+        return no_grad.forward(policy, batch, self.cfg, self.dist, self._train_temperature(), with_entropy)
 
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         if self.ref is not None:
@@ -449,7 +408,9 @@ class Trainer:
             rewards, got.indices, batch.old_logp, batch.mask, batch.entropy, self.last_kl, turns=batch.turns
         )
         if self.estimator.answer_template is not None:
-            inp.answer_logp = self.answer_logprobs(batch, self.estimator.answer_template)
+            inp.answer_logp = no_grad.answer_logprobs(
+                self.policy, batch, self.estimator.answer_template, self.forward_no_grad, self.dist
+            )
         batch.advantages, est_stats = self.estimator(inp)
         batch.advantages = with_fixed_advantages(batch.advantages, batch.mask, got.fixed_advantages)
         return stats | est_stats

@@ -1,0 +1,73 @@
+"""The trainer's no-grad passes over a batch (pi_old, the reference, the answer probes): this process's rows in
+micro-batches, gathered so every process holds the whole batch's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from mmrl.config import Config
+from mmrl.distributed import Dist
+from mmrl.model.policy import Policy
+from mmrl.rollout.episodes import answer_probes
+from mmrl.train.update import RolloutBatch, micro_batches
+
+
+@torch.no_grad()
+def forward(
+    policy: Policy,
+    batch: RolloutBatch,
+    cfg: Config,
+    dist: Dist,
+    temperature: float,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[N, T]`` (and entropies) of ``batch.local_rows``, gathered from every process."""
+    logp = torch.zeros_like(batch.old_logp)
+    ent = torch.zeros_like(batch.old_logp) if with_entropy else None
+    rows = batch.local_rows
+    micros = micro_batches(batch, rows, 1, cfg)
+    # under FSDP every forward is a collective: as many as the rank with the most (the extra ones dropped)
+    if policy.sharded:
+        most = max(dist.gather(len(micros)))
+        micros += [rows[:1]] * (most - len(micros))
+    done: set[int] = set()
+    for part in micros:
+        if done.issuperset(part):
+            batch.logprobs(policy, part)
+            continue
+        done.update(part)
+        lp, e, _ = batch.logprobs(policy, part, temperature=temperature, with_entropy=with_entropy)
+        logp[part, : lp.shape[1]] = lp.float().cpu()
+        if ent is not None:
+            ent[part, : e.shape[1]] = e.float().cpu()
+    if dist.active:
+        for r, lp, e in dist.gather((rows, logp[rows], None if ent is None else ent[rows])):
+            logp[r] = lp
+            if ent is not None:
+                ent[r] = e
+    return logp, ent
+
+
+def answer_logprobs(
+    policy: Policy,
+    batch: RolloutBatch,
+    template: str,
+    score: Callable[[Policy, RolloutBatch], tuple[torch.Tensor, torch.Tensor | None]],
+    dist: Dist,
+) -> list[list[float]]:
+    """Per row, per turn: the mean log-prob of the record's reference answer before the turn
+    (:func:`mmrl.rollout.episodes.answer_probes`), the probes scored by ``score`` (the trainer's no-grad forward,
+    under pi_old) like the batch's rows, balanced over the processes."""
+    probes, owners = answer_probes(policy, batch.trajectories, template)
+    out: list[list[float]] = [[] for _ in batch.trajectories]
+    if probes:
+        pb = RolloutBatch(probes, 1, torch.zeros(len(probes), max(len(p.response) for p in probes)))
+        if dist.active:
+            pb.rows = dist.balanced(*pb.blocks(list(range(len(pb))), 1))
+        logp, mask = score(policy, pb)[0], pb.mask  # [P, T] each
+        mean = (logp * mask).sum(1) / mask.sum(1).clamp(min=1)  # [P]
+        for i, v in zip(owners, mean.tolist()):
+            out[i].append(v)
+    return out
