@@ -193,6 +193,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from mmrl.run.trackers import TRACKERS
     from mmrl.samplers import SAMPLERS
     from mmrl.train.augment import AUGMENTERS
+    from mmrl.train.hints import HINTS
 
     rows = {
         "presets (algo.preset)": sorted(PRESETS),
@@ -203,6 +204,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         "reward corrections (algo.reward_correction)": REWARD_CORRECTIONS.names(),
         "rollout corrections (algo.rollout_correction)": ROLLOUT_CORRECTIONS.names(),
         "batch augmenters (algo.augment)": AUGMENTERS.names(),
+        "hint builders (algo.augment_options.hints)": HINTS.names(),
         "rewards (rewards[].name)": REWARDS.names(),
         "samplers (sampler.name)": SAMPLERS.names(),
         "rollout engines (rollout.engine)": ENGINES.names(),

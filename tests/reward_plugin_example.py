@@ -101,3 +101,11 @@ def image_pixels(batch: list[RewardInput]) -> list[RewardResult]:
         parts = {"crc": float(zlib.crc32(rgb.tobytes())), "images": float(len(x.images))}
         out.append(RewardResult(score=float(rgb.width * rgb.height), parts=parts))
     return out
+
+
+def saw_hint(
+    batch: list[RewardInput], *, needles: tuple[str, ...] = ("rung two", "rung three")
+) -> list[RewardResult]:
+    """1 when the question the response answered holds one of ``needles`` (a hinted prompt), else 0: for the hint
+    scaffolding tests, where only hinted prompts can succeed."""
+    return [RewardResult(score=float(any(n in x.prompt for n in needles))) for x in batch]

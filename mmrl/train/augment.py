@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmrl.algos.aepo import kept_samples, pass_temperature, sample_count
 from mmrl.config import Config
-from mmrl.registry import Registry
+from mmrl.registry import Builtin, Registry
 
 if TYPE_CHECKING:
     from mmrl.train.collect import Collected, Collector
@@ -50,7 +50,14 @@ class Augmenter(ABC):
         return None
 
 
-AUGMENTERS: Registry[type[Augmenter]] = Registry("batch augmenter")
+AUGMENTERS: Registry[type[Augmenter]] = Registry(
+    "batch augmenter",
+    {
+        "aepo": Builtin("mmrl.train.augment"),
+        "ghpo": Builtin("mmrl.train.hinting"),
+        "scaf": Builtin("mmrl.train.hinting"),
+    },
+)
 
 
 def make_augmenter(cfg: Config) -> Augmenter | None:

@@ -416,21 +416,29 @@ class Collector:
     ) -> tuple[list[list[Trajectory]], torch.Tensor]:
         """G fresh episodes of each of ``groups`` (positions in ``got``) at ``temperature``, scored: ``[b][G]``
         trajectories and rewards ``[b, G]`` in the order of ``groups``, the same on every rank."""
-        wanted = set(groups)
-        mine = [b for b in self.dist.share(len(got.indices)) if b in wanted]
-        samples = [got.samples[b] for b in mine]
         params = replace(self.sampling_params(), temperature=temperature)
+        return self.rollout([got.samples[b] for b in groups], params)
+
+    def rollout(
+        self, samples: list[Sample], params: SamplingParams
+    ) -> tuple[list[list[Trajectory]], torch.Tensor]:
+        """``params.n`` episodes of each of ``samples`` (records of the dataset, or hinted copies of them), scored
+        like the step's round: ``[b][n]`` trajectories and rewards ``[b, n]`` in order, the same on every rank (each
+        rank generates its share). A record whose media fail to encode here is an error naming it: it was encoded
+        before, in the round."""
+        mine = range(self.dist.rank, len(samples), self.dist.world)  # any number of samples: strided
+        local = [samples[b] for b in mine]
         trajs: list[list[Trajectory]] = []
         rewards = torch.zeros(0, params.n)
         with self.stage("rollout"), self.generation_weights():
-            if mine:
-                trajs = self.run_episodes(samples, [got.prompts[b] for b in mine], params)
-        if mine:
+            if local:
+                trajs = self.run_episodes(local, [self.encode(s) for s in local], params)
+        if local:
             with self.stage("reward"):
-                rewards = self.score(samples, trajs)[0]
-        parts = self.dist.gather((mine, trajs, rewards))
+                rewards = self.score(local, trajs)[0]
+        parts = self.dist.gather((list(mine), trajs, rewards))
         at = {b: (t, r) for part in parts for b, t, r in zip(part[0], part[1], part[2])}
-        return [at[b][0] for b in groups], torch.stack([at[b][1] for b in groups])
+        return [at[b][0] for b in range(len(samples))], torch.stack([at[b][1] for b in range(len(samples))])
 
     def _collect(self, step: int) -> Collected:
         k, a = self.cfg.train.prompts_per_step, self.cfg.algo
