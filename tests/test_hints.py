@@ -133,6 +133,7 @@ def test_ghpo_regenerates_failed_groups_rung_by_rung(tmp_path):
         # every unhinted group fails; rung one fails too; rung two succeeds: whole groups replaced
         assert got.stats["ghpo/failed_groups"] == 2 and got.stats["ghpo/rescued"] == 2
         assert got.stats["ghpo/rung"] == 2.0 and got.stats["ghpo/hinted_rows"] == 8
+        assert got.stats["ghpo/extra_samples"] == 16  # rung one and rung two, 2 groups x 4 each
         assert got.rewards.tolist() == [[1.0] * 4] * 2
         for b, row in enumerate(got.trajectories):
             for t in row:
@@ -153,6 +154,7 @@ def test_scaf_splices_the_lowest_successful_rung_after_its_warmup(tmp_path):
         assert got.stats["scaf/failed_groups"] == 0 and got.resolve().rewards.sum() == 0
         got = trainer.collector.collect(2)
         assert got.stats["scaf/failed_groups"] == 2 and got.stats["scaf/rung"] == 2.0
+        assert got.stats["scaf/extra_samples"] == 6  # three rungs once, 2 groups
         assert got.rewards.tolist() == [[1.0, 0.0, 0.0, 0.0]] * 2  # 1 right (hinted), G - 1 wrong
         for row in got.trajectories:
             assert row[0].sample.prompt_text.endswith("\nrung two")

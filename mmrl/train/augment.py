@@ -130,6 +130,7 @@ class AEPOPass(Augmenter):
             "aepo/entropy_seen": self.entropy,
             "aepo/target_entropy": self.target,
             "aepo/pass_reward_mean": rewards.mean().item(),
+            "aepo/extra_samples": float(rewards.numel()),
             "aepo/kept": float(len(kept)),
             "aepo/replaced": float(len(fixed)),
         }

@@ -17,7 +17,7 @@ for their context.
   reaching ``success_at`` puts its successful samples in place of the group's first responses, their rewards with
   them, so the group reads 1 right and G - 1 wrong and GRPO's advantage applies.
 
-Stats: ``<name>/failed_groups`` (failed groups before hints), ``<name>/rescued`` (groups a hint changed), ``<name>/rung``
+Stats: ``<name>/extra_samples`` (responses the hints cost this step), ``<name>/failed_groups`` (failed groups before hints), ``<name>/rescued`` (groups a hint changed), ``<name>/rung``
 (mean rung used over the rescued; 1 = least revealing), ``<name>/hinted_rows`` (rows now from hinted prompts).
 """
 
@@ -75,9 +75,10 @@ class HintPass(Augmenter):
         if result is not None:
             got.results[b * G + slot] = result
 
-    def stats(self, failed: int, rungs: list[int], rows: int) -> dict[str, float]:
+    def stats(self, failed: int, rungs: list[int], rows: int, extra: int = 0) -> dict[str, float]:
         n = self.name
         return {
+            f"{n}/extra_samples": float(extra),
             f"{n}/failed_groups": float(failed),
             f"{n}/rescued": float(len(rungs)),
             f"{n}/rung": sum(rungs) / len(rungs) if rungs else 0.0,
@@ -100,7 +101,7 @@ class GHPOPass(HintPass):
     def __call__(self, collector: Any, got: Any) -> Any:
         failed = self.failed(got)
         ladders = self.ladders(got, failed)
-        todo, rungs, rows = [b for b in failed if ladders[b]], [], 0
+        todo, rungs, rows, extra = [b for b in failed if ladders[b]], [], 0, 0
         params = collector.sampling_params()
         for rung in range(self.max_rungs):
             todo = [b for b in todo if rung < len(ladders[b])]
@@ -108,6 +109,7 @@ class GHPOPass(HintPass):
                 break
             hinted = [with_hint(got.samples[b], ladders[b][rung]) for b in todo]
             trajs, rewards = collector.rollout(hinted, params)
+            extra += rewards.numel()
             still = []
             for b, row, r in zip(todo, trajs, rewards):
                 if bool((r <= self.fail_at).all()):
@@ -118,7 +120,7 @@ class GHPOPass(HintPass):
                 rungs.append(rung + 1)
                 rows += len(row)
             todo = still
-        got.stats = {**got.stats, **self.stats(len(failed), rungs, rows)}
+        got.stats = {**got.stats, **self.stats(len(failed), rungs, rows, extra)}
         return got
 
 
@@ -158,7 +160,7 @@ class ScafPass(HintPass):
         failed = self.failed(got)
         ladders = self.ladders(got, failed)
         asks = [(b, k) for b in failed for k in range(len(ladders[b]))]
-        rungs, rows = [], 0
+        rungs, rows, extra = [], 0, len(asks) * self.slots
         if asks:
             hinted = [with_hint(got.samples[b], ladders[b][k]) for b, k in asks]
             params = replace(collector.sampling_params(), n=self.slots)
@@ -175,5 +177,5 @@ class ScafPass(HintPass):
                     self.put(got, b, slot, trajs[i][g], float(rewards[i][g]))
                 rungs.append(asks[i][1] + 1)
                 rows += len(right)
-        got.stats = {**got.stats, **self.stats(len(failed), rungs, rows)}
+        got.stats = {**got.stats, **self.stats(len(failed), rungs, rows, extra)}
         return got
