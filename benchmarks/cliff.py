@@ -6,7 +6,7 @@ prompts), from its shipped warm start, the same seeds and steps.
         [--steps 60] [--out runs/cliff] [key=value ...]
 
 Per method and seed: the share of zero-signal groups (all rewards equal: ``1 - rollout/groups_with_signal``, over the
-on-policy groups), the responses generated (on-policy groups x n, DAPO's extra rounds and the hints' and passes'
+groups the update sees, after any hints), the responses generated (on-policy groups x n, DAPO's extra rounds and the hints' and passes'
 ``*/extra_samples`` included), the held-out accuracy at the start and the end, and the wall time. Then one row per
 method: mean (min-max) over the seeds, and the held-out accuracy per 1,000 responses generated (equal rollout budget)
 and per minute (equal wall clock). A method whose ``<out>/<method>/summary.json`` exists is read back, not rerun.
