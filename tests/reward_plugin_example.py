@@ -103,9 +103,7 @@ def image_pixels(batch: list[RewardInput]) -> list[RewardResult]:
     return out
 
 
-def saw_hint(
-    batch: list[RewardInput], *, needles: tuple[str, ...] = ("rung two", "rung three")
-) -> list[RewardResult]:
-    """1 when the question the response answered holds one of ``needles`` (a hinted prompt), else 0: for the hint
-    scaffolding tests, where only hinted prompts can succeed."""
-    return [RewardResult(score=float(any(n in x.prompt for n in needles))) for x in batch]
+def saw_hint(batch: list[RewardInput], *, needle: str = "rung t") -> list[RewardResult]:
+    """1 when the question the response answered holds ``needle`` (the default is in hint rungs two and three only),
+    else 0: for the hint scaffolding and critique tests, where only hinted or critiqued prompts can succeed."""
+    return [RewardResult(score=float(needle in x.prompt)) for x in batch]

@@ -14,6 +14,7 @@ from mmrl.algos.advantages import (
 from mmrl.algos.aepo import with_fixed_advantages
 from mmrl.algos.cliff import AGRAE, DGPO, NGRPO
 from mmrl.algos.corrections import REWARD_CORRECTIONS, check_reward_correction
+from mmrl.algos.critique import critique_loss
 from mmrl.algos.dhpo import dhpo_loss
 from mmrl.algos.epo import EPOLoss, turn_index
 from mmrl.algos.igpo import IGPO
@@ -52,6 +53,7 @@ __all__ = [
     "advantage_stats",
     "check_reward_correction",
     "check_rollout_correction",
+    "critique_loss",
     "dhpo_loss",
     "group_advantage",
     "groups_with_signal",

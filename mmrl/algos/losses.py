@@ -64,17 +64,21 @@ def register_loss(
     collective: bool = False,
     needs_entropy_grad: bool = False,
     needs_turns: bool = False,
+    needs_off_policy: bool = False,
 ) -> Callable[[LossFn], LossFn]:
     """Register a loss function, or a :class:`StatefulLoss` class, with what it asks of the update.
     ``collective``: the loss runs a collective over the data-parallel ranks in each call (BAPO's sums), so every
     rank must call it equally often: the update pads the ranks' micro-batches to the same count.
-    ``needs_entropy_grad``: it gets ``entropy [B, T]`` with its gradient; ``needs_turns``: ``turn_index [B, T]``."""
+    ``needs_entropy_grad``: it gets ``entropy [B, T]`` with its gradient; ``needs_turns``: ``turn_index [B, T]``;
+    ``needs_off_policy``: ``off_policy [B, T]``, 1 on the tokens of rows a batch augmenter marked as generated from
+    another context (Critique-GRPO's refinements)."""
 
     def deco(fn: LossFn) -> LossFn:
         fn.needs_whole_groups = needs_whole_groups  # type: ignore[attr-defined]
         fn.collective = collective  # type: ignore[attr-defined]
         fn.needs_entropy_grad = needs_entropy_grad  # type: ignore[attr-defined]
         fn.needs_turns = needs_turns  # type: ignore[attr-defined]
+        fn.needs_off_policy = needs_off_policy  # type: ignore[attr-defined]
         return LOSSES.register(name)(fn)
 
     return deco

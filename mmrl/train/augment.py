@@ -56,6 +56,7 @@ AUGMENTERS: Registry[type[Augmenter]] = Registry(
         "aepo": Builtin("mmrl.train.augment"),
         "ghpo": Builtin("mmrl.train.hinting"),
         "scaf": Builtin("mmrl.train.hinting"),
+        "critique": Builtin("mmrl.train.critique"),
     },
 )
 

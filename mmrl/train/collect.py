@@ -120,6 +120,8 @@ class Collected:
     sampler_after: dict[str, Any] | None = None
     # rows (b * G + g) whose advantage an augmenter fixed (mmrl.train.augment): the estimator's value is replaced
     fixed_advantages: dict[int, float] = field(default_factory=dict)
+    # rows (b * G + g) an augmenter generated from another context and placed under the group's prompt
+    off_policy_rows: set[int] = field(default_factory=set)
 
     def resolve(self) -> Collected:
         """Wait for rewards still being computed (``train.overlap_rewards``); a no-op once they are in. Call it on

@@ -369,6 +369,7 @@ class Trainer:
         """The batch of the collected trajectories: rows per rank; pi_old recomputed (and the rollout correction)
         or the entropies, when asked for."""
         batch = RolloutBatch.of(got.trajectories)
+        batch.off_policy_rows = set(got.off_policy_rows)
         N, G = len(batch), batch.group_size
         old = batch.old_logp
         if self.dist.active:  # the no-grad passes' rows: balanced by tokens, whole groups

@@ -4,7 +4,8 @@ accumulated over micro-batches of ``optim.micro_batch_size`` rows (docs/algorith
 Every method is looked up by name and called through one shape, so nothing here branches on a method's name:
 - the policy loss ``LOSSES[algo.loss](logp, old_logp, adv, mask, group_ids=..., **options)`` gives token losses
   (a loss that declares ``entropy`` also gets the forward's token entropy, detached; one registered
-  ``needs_entropy_grad`` gets it with its gradient, one ``needs_turns`` each token's ``turn_index``);
+  ``needs_entropy_grad`` gets it with its gradient, one ``needs_turns`` each token's ``turn_index``, one
+  ``needs_off_policy`` ``off_policy``: 1 on the tokens of the batch's ``off_policy_rows``);
   its options are the clip fields it declares plus ``algo.loss_options``; a loss marked ``needs_whole_groups``
   gets micro-batches that never split a prompt's group; the rollout correction's weights
   (``batch.rollout_weights``, :mod:`mmrl.algos.rollout_correction`) multiply them; a stateful loss (a class,
@@ -29,7 +30,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -71,6 +72,7 @@ class RolloutBatch:
     advantages: torch.Tensor | None = None  # [N] or [N, T]
     rows: list[int] | None = None  # the rows this process scores in the no-grad passes (None: all)
     rollout_weights: torch.Tensor | None = None  # [N, T] detached token-loss weights (rollout correction)
+    off_policy_rows: set[int] = field(default_factory=set)  # rows generated from another context (augmenters)
 
     @classmethod
     def of(cls, trajectories: list[list[Trajectory]]) -> RolloutBatch:
@@ -215,6 +217,7 @@ class PolicyUpdate:
         self.entropy_grad = bool(getattr(self.loss_fn, "needs_entropy_grad", False))
         self.loss_reads_entropy = "entropy" in inspect.signature(self.loss_fn).parameters
         self.loss_reads_turns = bool(getattr(self.loss_fn, "needs_turns", False))
+        self.loss_reads_off_policy = bool(getattr(self.loss_fn, "needs_off_policy", False))
         self.token_turns: torch.Tensor | None = None  # [N, T] this step's turn indices, when read
         self.sums: dict[str, torch.Tensor] = {}  # this step's sums of the loss's 1-D stats (this rank's)
         self.tokens = 0  # tokens through the training forward in the last call (for tokens/s)
@@ -317,6 +320,9 @@ class PolicyUpdate:
         extra = {"entropy": ent if self.entropy_grad else ent.detach()} if self.loss_reads_entropy else {}
         if self.loss_reads_turns:
             extra["turn_index"] = self.token_turns[part, :T].to(dev)
+        if self.loss_reads_off_policy:
+            off = torch.tensor([float(j in batch.off_policy_rows) for j in part], device=dev)
+            extra["off_policy"] = off[:, None] * mask
         old = batch.old_logp[part, :T].to(dev)
         rollout_weights = None if batch.rollout_weights is None else batch.rollout_weights[part, :T].to(dev)
         if a.old_logprobs == "interpolate":  # pi_prox per token from mu, pi_theta and each token's version
