@@ -2,7 +2,7 @@
 the geometry tiny recipe (recipes/geometry/tiny-vade.yaml with the uniform sampler, so the sampler does not pick the
 prompts), from its shipped warm start, the same seeds and steps.
 
-    OMP_NUM_THREADS=1 python benchmarks/cliff.py [--methods grpo dapo ngrpo dgpo agrae ghpo scaf] [--seeds 0 1 2]
+    OMP_NUM_THREADS=1 python benchmarks/cliff.py [--methods grpo dapo ngrpo dgpo agrae ghpo scaf critique] [--seeds 0 1 2]
         [--steps 60] [--out runs/cliff] [key=value ...]
 
 Per method and seed: the share of zero-signal groups (all rewards equal: ``1 - rollout/groups_with_signal``, over the
@@ -33,6 +33,7 @@ METHODS: dict[str, list[str]] = {
     "agrae": ["algo.advantage=agrae"],
     "ghpo": ["algo.augment=ghpo", *HINTS],
     "scaf": ["algo.augment=scaf", "algo.augment_options={hints: geometry, fail_at: 0.1, warmup_steps: 10}"],
+    "critique": ["algo.augment=critique", "algo.loss=critique", "algo.advantage=dr_grpo"],
 }
 BASE = ["sampler.name=uniform", "sampler.options={}"]
 
