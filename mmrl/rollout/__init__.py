@@ -8,6 +8,7 @@ with the install command (``VLLMEngine.check()`` tells before any model is loade
 
 from mmrl.rollout.base import ENGINES, Completion, RolloutEngine, SamplingParams
 from mmrl.rollout.hf import HFEngine
+from mmrl.rollout.latr import LATREngine
 from mmrl.rollout.vllm import VLLMEngine
 
-__all__ = ["ENGINES", "Completion", "HFEngine", "RolloutEngine", "SamplingParams", "VLLMEngine"]
+__all__ = ["ENGINES", "Completion", "HFEngine", "LATREngine", "RolloutEngine", "SamplingParams", "VLLMEngine"]

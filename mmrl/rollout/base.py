@@ -17,6 +17,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 64
+    # > 0: each completion also records, per generated token, the ``top_logprobs`` most likely tokens of the T = 1
+    # distribution (after the engine's vision-placeholder mask) with their log-probs (LATR's branching test)
+    top_logprobs: int = 0
 
 
 @dataclass
@@ -28,6 +31,8 @@ class Completion:
     # the policy version whose weights sampled each token (an engine with weights of its own that an update may
     # replace while it generates: docs/async.md#asynchronous-rollouts); None where the engine does not record it
     versions: list[int] | None = None
+    # per token, [(token id, log-prob at T = 1)] most likely first, when SamplingParams.top_logprobs > 0
+    top: list[list[tuple[int, float]]] | None = None
 
 
 class RolloutEngine(ABC):
@@ -62,6 +67,10 @@ class RolloutEngine(ABC):
     def close(self) -> None:
         """Release what the engine holds (processes, process groups); idempotent. Called on every rank at the end."""
         return None
+
+    def take_stats(self) -> dict[str, float]:
+        """What the engine counted since the last call, to log with the step (LATR's tree sizes); then reset."""
+        return {}
 
     def score(self, contexts: list, tails: list[int]) -> list[list[float]] | None:
         """The engine's own log-probs of the last ``tails[i]`` tokens of each context (a whole trajectory), for the

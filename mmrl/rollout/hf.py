@@ -49,8 +49,10 @@ log = logging.getLogger("mmrl.rollout")
 class _LogprobRecorder:
     """Logits processor recording ``log softmax(scores / temperature)`` of each sampled token, one step late."""
 
-    def __init__(self, temperature: float, version: Callable[[], int] = lambda: 0):
+    def __init__(self, temperature: float, version: Callable[[], int] = lambda: 0, top: int = 0):
         self.temperature = temperature
+        self.top = top  # > 0: also the top-``top`` tokens of log softmax(scores) (T = 1) per step
+        self.tops: list[tuple[torch.Tensor, torch.Tensor]] = []  # each ([B, top] log-probs, [B, top] ids)
         self.version = version  # the version of the weights whose scores this step sees
         self.versions: list[int] = []  # per generated token
         self.prev: torch.Tensor | None = None  # [B, V] scaled scores of the previous step
@@ -65,6 +67,8 @@ class _LogprobRecorder:
         if self.prev is not None:
             self._take(input_ids[:, -1])
         self.versions.append(self.version())  # the token drawn from these scores
+        if self.top:
+            self.tops.append(torch.log_softmax(scores.float(), dim=-1).topk(self.top, dim=-1))
         self.prev = scores.float() / self.temperature
         self.prev_lse = torch.logsumexp(self.prev, dim=-1)
         return scores
@@ -213,7 +217,7 @@ class HFEngine(RolloutEngine):
 
         pol, greedy = self.policy, params.temperature <= 0
         version = (lambda: self._forward_version) if self._hooked else (lambda: self.version)
-        recorder = _LogprobRecorder(1.0 if greedy else params.temperature, version)
+        recorder = _LogprobRecorder(1.0 if greedy else params.temperature, version, params.top_logprobs)
         chain: list = []
         if pol.suppressed_token_ids:
             chain.append(SuppressTokensLogitsProcessor(pol.suppressed_token_ids, device=pol.device))
@@ -264,12 +268,23 @@ class HFEngine(RolloutEngine):
         seqs = out.sequences[:, P:]  # [B, T]
         logp = recorder.finish(seqs)  # [B, T]
         versions = recorder.versions[: seqs.shape[1]]
-        return [self._completion(seqs[b].tolist(), logp[b].tolist(), versions) for b in range(seqs.shape[0])]
+        tops = None
+        if recorder.tops:  # [B, T, k] each
+            vals = torch.stack([v for v, _ in recorder.tops], dim=1)[:, : seqs.shape[1]].tolist()
+            ids = torch.stack([i for _, i in recorder.tops], dim=1)[:, : seqs.shape[1]].tolist()
+            tops = [[list(zip(i, v)) for i, v in zip(ids[b], vals[b])] for b in range(seqs.shape[0])]
+        return [
+            self._completion(seqs[b].tolist(), logp[b].tolist(), versions, None if tops is None else tops[b])
+            for b in range(seqs.shape[0])
+        ]
 
-    def _completion(self, tokens: list[int], logps: list[float], versions: list[int]) -> Completion:
+    def _completion(
+        self, tokens: list[int], logps: list[float], versions: list[int], top: list | None = None
+    ) -> Completion:
         eos = set(self.policy.eos_ids)
         end = next((j + 1 for j, t in enumerate(tokens) if t in eos), None)
         reason = "stop" if end is not None else "length"
         tokens, logps = (tokens[:end], logps[:end]) if end is not None else (tokens, logps)
         text = self.policy.decode(tokens)
-        return Completion(tokens, text, logps, reason, versions=list(versions[: len(tokens)]))
+        top = None if top is None else top[: len(tokens)]
+        return Completion(tokens, text, logps, reason, versions=list(versions[: len(tokens)]), top=top)

@@ -278,7 +278,9 @@ class VLLMEngine(RolloutEngine):
         groups = []
         for p, out in zip(prompts[own], outputs[own]):
             _check_expansion(p, out.prompt_token_ids)
-            groups.append([self._completion(o) for o in sorted(out.outputs, key=lambda o: o.index)])
+            groups.append(
+                [self._completion(o, params.top_logprobs) for o in sorted(out.outputs, key=lambda o: o.index)]
+            )
         return groups
 
     def score(self, contexts: list[EncodedPrompt], tails: list[int]) -> list[list[float]]:
@@ -324,20 +326,29 @@ class VLLMEngine(RolloutEngine):
             top_k=0 if greedy else params.top_k,
             max_tokens=params.max_new_tokens,
             seed=seed,
-            logprobs=0,  # the sampled token's log-prob only
+            logprobs=params.top_logprobs,  # the sampled token's log-prob, and the top ones when asked
             ignore_eos=True,  # the tokenizer's EOS is not special: stop on exactly the policy's stop ids
             stop_token_ids=list(self.policy.eos_ids),
             bad_words=self._bad_words,
             detokenize=False,  # text is decoded by the policy's tokenizer, as in the HF engine
         )
 
-    def _completion(self, out: Any) -> Completion:
+    def _completion(self, out: Any, k: int = 0) -> Completion:
         tokens = list(out.token_ids)
         logps = [step[t].logprob for t, step in zip(tokens, out.logprobs)]
         if out.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vLLM finished a request with {out.finish_reason!r} ({out.stop_reason!r})")
         text = self.policy.decode(tokens)
-        return Completion(token_ids=tokens, text=text, logprobs=logps, finish_reason=out.finish_reason)
+        top = None
+        if k:  # each step's dict holds the top k by rank, plus the sampled token when it is not among them
+            top = [
+                sorted(((t, lp.logprob) for t, lp in step.items() if lp.rank is not None and lp.rank <= k),
+                       key=lambda x: -x[1])[:k]
+                for step in out.logprobs
+            ]  # fmt: skip
+        return Completion(
+            token_ids=tokens, text=text, logprobs=logps, finish_reason=out.finish_reason, top=top
+        )
 
     # ---------------------------------------------------------------- weights
     def close(self) -> None:

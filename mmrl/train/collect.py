@@ -303,6 +303,7 @@ class Collector:
         chunk = len(local) if whole else max(1, self.engine.batch_size)
         trajs_local: list[list[Trajectory]] = []
         futures: list[Future] = []
+        self.engine.take_stats()  # what an evaluation in between counted is not this round's
         with self.stage("rollout"):
             with self.generation_weights():
                 for s in range(0, len(local), max(1, chunk)):
@@ -336,6 +337,7 @@ class Collector:
         got = Collected(idx, samples, prompts, groups, None, [], pending=finish, trajectories=trajs_all)
         if self.multi_turn:
             got.stats = episode_metrics(trajs_all)
+        got.stats |= self.engine.take_stats()
         got.tally = tally
         return got if overlap else got.resolve()
 
