@@ -2,7 +2,7 @@
 the geometry tiny recipe (recipes/geometry/tiny-vade.yaml with the uniform sampler, so the sampler does not pick the
 prompts), from its shipped warm start, the same seeds and steps.
 
-    OMP_NUM_THREADS=1 python benchmarks/cliff.py [--methods grpo dapo ngrpo dgpo agrae ghpo scaf critique] [--seeds 0 1 2]
+    OMP_NUM_THREADS=1 python benchmarks/cliff.py [--methods grpo dapo ngrpo dgpo agrae ghpo scaf critique latr] [--seeds 0 1 2]
         [--steps 60] [--out runs/cliff] [key=value ...]
 
 Per method and seed: the share of zero-signal groups (all rewards equal: ``1 - rollout/groups_with_signal``, over the
@@ -34,6 +34,7 @@ METHODS: dict[str, list[str]] = {
     "ghpo": ["algo.augment=ghpo", *HINTS],
     "scaf": ["algo.augment=scaf", "algo.augment_options={hints: geometry, fail_at: 0.1, warmup_steps: 10}"],
     "critique": ["algo.augment=critique", "algo.loss=critique", "algo.advantage=dr_grpo"],
+    "latr": ["rollout.engine=latr"],
 }
 BASE = ["sampler.name=uniform", "sampler.options={}"]
 
