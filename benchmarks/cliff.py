@@ -3,7 +3,10 @@ the geometry tiny recipe (recipes/geometry/tiny-vade.yaml with the uniform sampl
 prompts), from its shipped warm start, the same seeds and steps.
 
     OMP_NUM_THREADS=1 python benchmarks/cliff.py [--methods grpo dapo ngrpo dgpo agrae ghpo scaf critique latr] [--seeds 0 1 2]
-        [--steps 60] [--out runs/cliff] [key=value ...]
+        [--steps 60] [--out runs/cliff] [--hard] [key=value ...]
+
+``--hard`` first writes the recipe's hard split (:func:`hard_split`: the records on which all 8 of the warm start's
+samples fail) and trains and evaluates on it: the cliff itself, where GRPO's groups are flat at 0.
 
 Per method and seed: the share of zero-signal groups (all rewards equal: ``1 - rollout/groups_with_signal``, over the
 groups the update sees, after any hints), the responses generated (on-policy groups x n, DAPO's extra rounds and the hints' and passes'
@@ -37,6 +40,46 @@ METHODS: dict[str, list[str]] = {
     "latr": ["rollout.engine=latr"],
 }
 BASE = ["sampler.name=uniform", "sampler.options={}"]
+
+
+def hard_split(out: Path, fail_at: float = 0.1, group: int = 8, seed: int = 0) -> list[str]:
+    """The recipe's "hard" split: the train and held-out records on which the warm start's ``group`` samples (the
+    recipe's temperature and rewards) all score at most ``fail_at``, written beside the recipe's data as
+    ``hard_train.jsonl`` and ``hard_eval.jsonl`` (the original lines, so image paths still resolve). Returns the
+    overrides that train and evaluate on them. Made once: existing files are reused."""
+    import torch
+
+    from mmrl.config import load_config
+    from mmrl.data import load_split
+    from mmrl.rollout import SamplingParams
+    from mmrl.train.trainer import Trainer
+
+    cfg = load_config(RECIPE, BASE)
+    data = Path(cfg.data.train).parent
+    files = {"train": data / "hard_train.jsonl", "eval": data / "hard_eval.jsonl"}
+    if not all(f.exists() for f in files.values()):
+        torch.manual_seed(seed)
+        trainer = Trainer(cfg, out, overwrite=True)
+        c = trainer.collector
+        params = SamplingParams(group, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k,
+                                cfg.rollout.max_new_tokens)  # fmt: skip
+        try:
+            for split, src in (("train", cfg.data.train), ("eval", cfg.data.eval)):
+                samples = load_split(cfg.data, src, None)
+                hard = set()
+                for i in range(0, len(samples), 64):
+                    chunk = samples[i : i + 64]
+                    _, rewards = c.rollout(chunk, params)
+                    hard |= {s.id for s, r in zip(chunk, rewards) if bool((r <= fail_at).all())}
+                lines = [ln for ln in Path(src).read_text().splitlines() if ln.strip()]
+                kept = [ln for ln in lines if json.loads(ln)["id"] in hard]
+                files[split].write_text("\n".join(kept) + "\n")
+                print(
+                    f"hard {split}: {len(kept)} of {len(lines)} records fail all {group} samples", flush=True
+                )
+        finally:
+            trainer.collector.close()
+    return [f"data.train={files['train']}", f"data.eval={files['eval']}"]
 
 
 def one(method: str, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
@@ -73,9 +116,12 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "cliff")
+    p.add_argument("--hard", action="store_true", help="train and evaluate on the hard split (hard_split)")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args()
     os.chdir(ROOT)
+    if a.hard:
+        a.overrides = [*hard_split(a.out / "hard_split"), *a.overrides]
     table = {}
     for method in a.methods:
         done = a.out / method / "summary.json"
@@ -85,7 +131,14 @@ def main() -> None:
             continue
         runs = []
         for seed in a.seeds:
-            r = one(method, seed, a.steps, a.out / method / f"seed{seed}", a.overrides)
+            try:
+                r = one(method, seed, a.steps, a.out / method / f"seed{seed}", a.overrides)
+            except (
+                Exception
+            ) as e:  # DAPO on the hard split may exhaust its sampling rounds: a result, said so
+                print(f"{method} seed {seed}: stopped: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                runs.append({"seed": seed, "error": f"{type(e).__name__}: {e}"})
+                continue
             runs.append(r)
             print(
                 f"{method} seed {seed}: zero-signal groups {r['zero_signal']:.3f}, responses {r['responses']:.0f}, "
@@ -95,12 +148,20 @@ def main() -> None:
         table[method] = runs
         done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(json.dumps(runs, indent=1))
-    print(f"\ngeometry tiny (uniform sampler), {a.steps} steps, seeds {a.seeds}: mean (min-max)")
+    split = "the hard split" if a.hard else "the recipe's data"
+    print(f"\ngeometry tiny (uniform sampler) on {split}, {a.steps} steps, seeds {a.seeds}: mean (min-max)")
     print(
         "| method | zero-signal groups | responses | held-out accuracy end | gain | gain per 1k responses | gain per minute |"
     )
     print("|---|---|---|---|---|---|---|")
-    for method, runs in table.items():
+    for method, every in table.items():
+        runs = [r for r in every if "error" not in r]
+        if len(runs) < len(every):
+            print(
+                f"| {method} | {len(every) - len(runs)} of {len(every)} runs stopped: {every[0].get('error', '')[:80]} |"
+            )
+        if not runs:
+            continue
         gain = [r["accuracy"][1] - r["accuracy"][0] for r in runs]
         per_k = [g / r["responses"] * 1000 for g, r in zip(gain, runs)]
         per_min = [g / r["wall_s"] * 60 for g, r in zip(gain, runs)]
