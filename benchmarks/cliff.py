@@ -158,7 +158,7 @@ def main() -> None:
         runs = [r for r in every if "error" not in r]
         if len(runs) < len(every):
             print(
-                f"| {method} | {len(every) - len(runs)} of {len(every)} runs stopped: {every[0].get('error', '')[:80]} |"
+                f"| {method} | {len(every) - len(runs)} of {len(every)} runs stopped: {next(r['error'] for r in every if 'error' in r)[:80]} |"
             )
         if not runs:
             continue
