@@ -54,7 +54,7 @@ model: {{path: {TINY}, min_pixels: 3136, max_pixels: 3136}}
 data: {{train: data/train.jsonl}}
 rollout: {{n: 4, max_new_tokens: 3, batch_size: 8, temperature: 1.0}}
 rewards: [{{name: exact_match}}]
-algo: {{epochs: 1, mini_batches: 1, old_logprobs: recompute, augment: aepo,
+algo: {{epochs: 1, mini_batches: 1, old_logprobs: recompute, rollout_correction: tis_token, augment: aepo,
   augment_options: {{share: 0.5, threshold: -10.0, samples: 3, target_entropy: 2.0}}{extra}}}
 optim: {{lr: 0.001, micro_batch_size: 8}}
 train: {{prompts_per_step: 4, progress: false, seed: 3}}
@@ -85,6 +85,8 @@ def test_the_pass_in_a_collector(tmp_path, monkeypatch):
         assert got.fixed_advantages == {3: 1.0, 2: 1.0, 1: 1.0}
         assert got.stats["aepo/kept"] == 8 and got.stats["aepo/replaced"] == 3
         assert got.stats["aepo/temperature"] == 1.2 and got.stats["aepo/entropy_seen"] == 1.0
+        for row in (1, 2, 3):  # the logs read the replaced rows' own rewards
+            assert got.results[row].score == got.rewards[0, row].item()
         for row in (1, 2, 3):
             t = got.trajectories[0][row]
             assert t.sample is got.samples[0]  # its own prompt's group
@@ -92,6 +94,10 @@ def test_the_pass_in_a_collector(tmp_path, monkeypatch):
         batch = trainer.make_batch(got)
         got.resolve()
         trainer.advantages(got, batch)
+        # the replaced rows' engine log-probs are at T = 1.2: no mismatch, weight 1 under the rollout correction
+        assert batch.placed_rows == {1, 2, 3}
+        assert torch.equal(batch.rollout_weights[[1, 2, 3]], batch.mask[[1, 2, 3]])
+        assert trainer.mismatch["rollout/logprob_diff_max"] < 1e-3
         assert batch.advantages.dim() == 1  # grpo: one value per response
         assert batch.advantages[[1, 2, 3]].tolist() == [1.0, 1.0, 1.0]
         trainer.collector.feedback({"entropy": 3.0})  # above the target: cold, and half the samples

@@ -98,6 +98,7 @@ def test_the_pass_in_a_collector_and_an_update(tmp_path):
         # initial responses never see a ground truth (0); every refinement does (1): slot 0 of each group
         assert got.rewards.tolist() == [[1.0, 0.0, 0.0, 0.0]] * 2
         assert got.off_policy_rows == {0, 4}
+        assert [got.results[r].score for r in (0, 4)] == [1.0, 1.0]  # the refinements' own reward results
         assert got.stats["critique/extra_samples"] == 8 and got.stats["critique/refined_right"] == 1.0
         assert got.stats["critique/fixed"] == 1.0 and got.stats["critique/placed"] == 2
         for b, row in enumerate(got.trajectories):
@@ -131,6 +132,8 @@ def test_config_checks(tmp_path):
     check_components(load_config(str(_recipe(tmp_path))))
     with pytest.raises(ConfigError, match="algo.loss: critique"):
         check_components(load_config(str(_recipe(tmp_path)), ["algo.loss=clipped"]))
+    with pytest.raises(ConfigError, match="interpolated proximal policy"):
+        check_components(load_config(str(_recipe(tmp_path)), ["algo.old_logprobs=interpolate"]))
     with pytest.raises(ConfigError, match="critic must be"):
         check_components(load_config(str(_recipe(tmp_path)), ["algo.augment_options={critic: judge}"]))
     assert CritiquePass().critic == "simple_gt"

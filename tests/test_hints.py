@@ -135,6 +135,7 @@ def test_ghpo_regenerates_failed_groups_rung_by_rung(tmp_path):
         assert got.stats["ghpo/rung"] == 2.0 and got.stats["ghpo/hinted_rows"] == 8
         assert got.stats["ghpo/extra_samples"] == 16  # rung one and rung two, 2 groups x 4 each
         assert got.rewards.tolist() == [[1.0] * 4] * 2
+        assert [r.score for r in got.results] == [1.0] * 8  # the logs read the hinted responses' own results
         for b, row in enumerate(got.trajectories):
             for t in row:
                 assert t.sample.prompt_text.endswith("\nrung two") and t.sample.id == got.samples[b].id
@@ -174,5 +175,7 @@ def test_config_checks(tmp_path):
         check_components(
             load_config(str(_recipe(tmp_path, "ghpo", "")), ["algo.augment_options={hints: nope}"])
         )
+    with pytest.raises(ConfigError, match="algo.dynamic_sampling drops them"):
+        check_components(load_config(str(_recipe(tmp_path, "ghpo", "")), ["algo.dynamic_sampling=true"]))
     with pytest.raises(ConfigError, match="slots .* must leave an unhinted response"):
         check_components(load_config(str(_recipe(tmp_path, "scaf", ", slots: 4"))))

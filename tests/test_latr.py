@@ -77,6 +77,12 @@ def test_schedule_and_plain_samples(setup):
     assert len(group) == 4 and eng.take_stats()["latr/share"] == 0.5
     eng.sync_weights()  # step 1: the share drops to 0, every response a plain sample
     assert eng.share() == 0.0 and len(eng.generate(prompts, SamplingParams(n=3, max_new_tokens=4))[0]) == 3
+    eng.version = 0  # a resumed run sets the version it resumed at: the schedule follows it
+    assert eng.share() == 0.5 and eng.base.version == 0
+    assert eng.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=4))  # greedy: the base's
+    assert eng.take_stats() == {}
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        ENGINES.get("latr").check_options({"base": "vllm", "base_options": {"tensor_parallel_size": 2}})
     with pytest.raises(ValueError, match="cannot wrap itself"):
         ENGINES.get("latr")(policy, base="latr")
     with pytest.raises(ValueError, match="schedule"):
@@ -106,3 +112,67 @@ train: {{prompts_per_step: 2, progress: false, seed: 3}}
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "rollout/logprob_diff_max" in r]
     assert len(rows) == 2 and all(r["rollout/logprob_diff_max"] < 1e-3 for r in rows)
     assert all(r["latr/branches"] == 4 for r in rows)
+
+
+class _Toy:
+    """A deterministic stand-in for a model, to follow the tree below its first level: token 0 ends a response.
+    Greedy is 1 everywhere; the root's position 0 offers 3 (p 0.5 vs 0.4), and a branch that starts with 3 offers 5
+    at every later position; nothing else branches. Sampling writes 7, 7, then ends."""
+
+    eos_ids = [0]
+    suppressed_token_ids: list[int] = []
+
+    @staticmethod
+    def decode(tokens):
+        return " ".join(map(str, tokens))
+
+
+def test_children_branch_again_at_their_own_positions(monkeypatch):
+    from mmrl.rollout import RolloutEngine, latr
+    from mmrl.rollout.base import Completion
+
+    calls = []
+
+    class ToyEngine(RolloutEngine):
+        def __init__(self, policy, batch_size=1):
+            self.batch_size = batch_size
+
+        def sync_weights(self):
+            return None
+
+        def generate(self, prompts, params):
+            out = []
+            for prefix in prompts:
+                calls.append((tuple(prefix), params.temperature))
+                if params.temperature > 0:
+                    toks = [7, 7, 0][: params.max_new_tokens]
+                    out.append([Completion(toks, "", [-0.1] * len(toks), "stop")])
+                    continue
+                toks, top = [], []
+                for s in range(len(prefix), len(prefix) + params.max_new_tokens):
+                    ctx = list(prefix) + toks
+                    if s == 0:
+                        cands = [(1, math.log(0.5)), (3, math.log(0.4))]
+                    elif ctx and ctx[0] == 3:
+                        cands = [(1, math.log(0.5)), (5, math.log(0.4))]
+                    else:
+                        cands = [(1, math.log(0.9)), (3, math.log(0.05))]
+                    toks.append(1)
+                    top.append(cands)
+                out.append([Completion(toks, "", [c[0][1] for c in top], "length", top=top)])
+            return out
+
+    from mmrl.rollout import ENGINES
+
+    if "toy_tree" not in ENGINES:
+        ENGINES.register("toy_tree")(ToyEngine)
+    monkeypatch.setattr(latr, "continued", lambda policy, prompt, prefix: list(prefix))
+    eng = ENGINES.get("latr")(_Toy(), base="toy_tree", window=1, rouge_l=1.1, suffix=1.1)
+    [group] = eng._trees([[]], SamplingParams(n=3, temperature=1.0, max_new_tokens=4), 3)
+    # the root [1, 1, 1, 1]; its child at 0 [3, 1, 1, 1]; the child's child at 1 [3, 5, 1, 1] (its first branch point)
+    greedy = [c for c, t in calls if t == 0]
+    assert greedy == [(), (3,), (3, 5)]
+    # hand-off after each branch's window (1 token after its branch token; the root's first token)
+    assert [c.token_ids for c in group] == [[1, 7, 7, 0], [3, 1, 7, 7], [3, 5, 1, 7]]
+    assert group[2].logprobs[:2] == pytest.approx([math.log(0.4)] * 2)  # its branch tokens' T = 1 log-probs
+    assert eng.take_stats()["latr/branches"] == 3

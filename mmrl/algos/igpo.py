@@ -6,7 +6,8 @@ generated from, followed by the template holding the record's reference answer a
 
     p_it = exp( (1/L_a) sum_j log pi_old(a_j | context_it, template head, a_<j) )     the length-normalised likelihood
     r_it = env_it + w (p_i,t+1 - p_it)     t < T_i - 1   (the turn's information gain; the env's reward of the turn)
-    r_it = env_it                          t = T_i - 1   (the last turn: the outcome, as IGPO's final turn)
+    r_it = env_it + (R_i - sum_t env_it)   t = T_i - 1   (the last turn: the outcome, as IGPO's final turn; R_i is the
+                                                         episode's return with any ``rewards:`` score on top)
 
 and the turn advantages from those rewards, with ``baseline``:
 - ``turn`` (default, the released code's reading): R_it = sum_{k >= t} gamma^{k-t} r_ik, A_it = R_it minus the mean
@@ -15,7 +16,7 @@ and the turn advantages from those rewards, with ``baseline``:
   (r - mean) / (unbiased std + eps), then A_it = sum_{k >= t} gamma^{k-t} z_ik.
 
 Every token of turn t's span carries A_it (times the mask), as ``gigpo``. Single-turn rows have one turn and no
-gain: ``turn`` is ``dr_grpo`` there (r - group mean). Tasks are never compared with each other.
+gain (and no probe): ``turn`` is ``dr_grpo`` there (r - group mean). Tasks are never compared with each other.
 
 Departures (docs/credit.md#igpo): the released code measures p before each turn with the rollout model during
 generation; here the trainer scores the probes under pi_old with the batch's own forward (the same weights with
@@ -42,7 +43,9 @@ Baseline = Literal["turn", "pooled"]
 
 def info_gain_rewards(env: list[float], logp: list[float], weight: float = 1.0) -> list[float]:
     """One trajectory: the env's turn rewards and the probe's mean log-prob before each turn -> IGPO's turn
-    rewards (the last turn keeps its env reward alone)."""
+    rewards (the last turn keeps its env reward alone). A trajectory of one turn needs no probe."""
+    if len(env) <= 1 and not logp:
+        return list(env)
     if len(env) != len(logp):
         raise ValueError(f"{len(env)} turns but {len(logp)} answer probes")
     p = [math.exp(v) for v in logp]
@@ -103,10 +106,14 @@ class IGPO(TurnEstimator):
                 "(AdvantageInput.answer_logp, which the trainer fills from answer_template)"
             )
         G = inp.rewards.shape[1]
+        outcome = inp.rewards.reshape(-1).tolist()  # R(tau): the env's returns plus any `rewards:` score
         rewards = []
         for i, row in enumerate(turns):
+            env = [t.reward for t in row]
+            if env:  # the outcome beyond the env's turn rewards (a `rewards:` score) is the last turn's
+                env[-1] += outcome[i] - math.fsum(env)
             try:
-                rewards.append(info_gain_rewards([t.reward for t in row], inp.answer_logp[i], self.w))
+                rewards.append(info_gain_rewards(env, inp.answer_logp[i], self.w))
             except ValueError as e:
                 raise ValueError(
                     f"advantage 'igpo': response {i} (record {inp.indices[i // G]}): {e}"

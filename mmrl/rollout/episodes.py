@@ -680,8 +680,8 @@ def answer_probes(
     response before the turn's first token, the media the turn saw) followed by ``template`` with ``{answer}``
     replaced by ``str(sample.answer)``; only the answer's own tokens have mask 1. The template's text before and
     after the answer and the answer are tokenised apart, so the answer's tokens are the same in every probe.
-    Returns the probes in trajectory order, turn order, and for each the index of its trajectory. A trajectory
-    without turns (its env failed at reset) has no probe."""
+    Returns the probes in trajectory order, turn order, and for each the index of its trajectory. A trajectory of
+    fewer than two turns has no probe (there is no gain to measure)."""
     if template.count("{answer}") != 1:
         raise ValueError(f"answer probe template {template!r} must hold '{{answer}}' exactly once")
     head, tail = template.split("{answer}")
@@ -693,7 +693,7 @@ def answer_probes(
     owners: list[int] = []
     answers: dict[str, tuple[list[int], list[int], list[int]]] = {}
     for i, t in enumerate(trajectories):
-        if not t.turns:
+        if len(t.turns) < 2:  # no gain to measure: a one-turn episode's only turn keeps its outcome
             continue
         ans = t.sample.answer
         if isinstance(ans, (list, tuple)) and len(ans) == 1:

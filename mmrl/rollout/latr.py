@@ -23,6 +23,9 @@ tree of a prompt grows by rounds, each one call of the base engine for every liv
 The completion's tokens are the tree prefix and its sampled continuation; its log-probs the prefix's at T = 1 (the
 greedy phase's) and the continuation's at the run's temperature, so with ``rollout.temperature != 1`` use
 ``algo.old_logprobs: recompute``. Multi-turn episodes go through :meth:`generate` turn by turn, as with any engine.
+Greedy requests (the validator's default) go straight to the base engine; suppressed tokens (vision placeholders)
+are never branch tokens; a tensor-parallel base is refused (its group's calls must match). The schedule's step is
+the engine's version, which the trainer sets on resume.
 
 Departures from the released code (starreeze/latr): its tree phase is one HF decoding loop that duplicates KV-cache
 rows at each branch; here each round is one call of the base engine on the branches' token prefixes (prefix caching
@@ -136,6 +139,7 @@ class LATREngine(RolloutEngine):
         self.step = 0  # weight syncs so far: the training step, for the schedule
         self.counts: Counter = Counter()
         self.last_share = 0.0
+        self.records_versions = True  # the base engine's completions carry versions (HF does; vLLM does not)
 
     # the base engine's members
     def sync_weights(self) -> None:
@@ -153,17 +157,32 @@ class LATREngine(RolloutEngine):
 
     @property
     def version(self) -> int:
-        return self.base.version
+        return getattr(self.base, "version", self.step)
 
     @version.setter
     def version(self, v: int) -> None:
-        self.base.version = v
+        """The policy version the weights hold (the trainer sets it on resume): the schedule's step too."""
+        self.step = v
+        if hasattr(self.base, "version"):
+            self.base.version = v
 
     def share(self) -> float:
         return [v for s, v in self.schedule if s <= self.step][-1]
 
     # generation
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        super().check_options(options)
+        tp = (options.get("base_options") or {}).get("tensor_parallel_size", 1)
+        if tp > 1:
+            raise ValueError(
+                "latr around a tensor-parallel engine: the members of a tensor-parallel group must make the same "
+                "engine calls, and a tree's calls depend on its prompts; use tensor_parallel_size 1"
+            )
+
     def generate(self, prompts: list[EncodedPrompt], params: SamplingParams) -> list[list[Completion]]:
+        if params.temperature <= 0:  # greedy (the validator's default): one root decoded greedily is the same
+            return self.base.generate(prompts, params)
         k = round(params.n * self.share())
         plain = self.base.generate(prompts, replace(params, n=params.n - k)) if k < params.n else None
         trees = self._trees(prompts, params, k) if k else [[] for _ in prompts]
@@ -188,6 +207,7 @@ class LATREngine(RolloutEngine):
     def _trees(self, prompts: list[EncodedPrompt], params: SamplingParams, k: int) -> list[list[Completion]]:
         depth = min(self.depth or params.max_new_tokens, params.max_new_tokens)
         eos = set(self.policy.eos_ids)
+        banned = set(self.policy.suppressed_token_ids or ())  # vision placeholders: never a branch token
         trees: list[list[Branch]] = [[] for _ in prompts]
         queues: list[list[tuple[int, int, int, int]]] = [
             [] for _ in prompts
@@ -205,6 +225,7 @@ class LATREngine(RolloutEngine):
                 greedy=True,
             ) if live else []  # fmt: skip
             for (_, b), c in zip(live, done):
+                self.records_versions = c.versions is not None
                 b.tokens += c.token_ids
                 b.logps += c.logprobs
                 b.versions += c.versions or [0] * len(c.token_ids)
@@ -221,7 +242,7 @@ class LATREngine(RolloutEngine):
                     if not b.offered:
                         b.offered = True
                         found = branch_points(b.tokens, b.top, b.born + 1, self.tau_abs, self.tau_rel)
-                        queues[i] += [(col, s, tok, j) for col, s, tok in found]
+                        queues[i] += [(col, s, tok, j) for col, s, tok in found if tok not in banned]
                 queues[i].sort()
                 room = k - len(tree)
                 while room > 0 and queues[i]:
@@ -259,6 +280,7 @@ class LATREngine(RolloutEngine):
                 tokens, logps = tokens + tail.token_ids, logps + tail.logprobs
                 versions = versions + (tail.versions or [0] * len(tail.token_ids))
             reason = "stop" if tokens and tokens[-1] in eos else "length"
+            versions = versions if self.records_versions else None
             out[i].append(Completion(tokens, self.policy.decode(tokens), logps, reason, versions=versions))
         c = self.counts
         c["prompts"] += len(trees)
@@ -302,6 +324,7 @@ def child(parent: Branch, j: int, s: int, token: int, eos: set[int]) -> Branch:
         parent.versions[: s + 1],
         s,
         j,
+        top=parent.top[: s + 1],  # position s's candidates are the parent's: the same context before it
         stopped=token in eos,
     )
 

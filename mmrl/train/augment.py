@@ -6,9 +6,11 @@ metrics back (:meth:`Augmenter.feedback`); it never tests a name.
 G more episodes of the first ``share`` of the step's prompts at T_high or T_low (from the last step's entropy against
 ``target_entropy``), scores them, keeps those with a GRPO advantage above ``threshold`` (advantage 1 from then on) and
 puts up to ``samples`` of them (half when the entropy is above the target) in place of on-policy rows of their own
-prompt's group, from the group's last row backwards. The estimator still reads the on-policy rewards, as the
-released code computes the advantages before it replaces rows. The replaced rows' pi_old must be the training
-forward's at the training temperature, not the engine's at T: ``algo.old_logprobs: recompute`` is required.
+prompt's group, from the group's last row backwards, their rewards with them (so the logs and the estimator see the
+batch that is trained; the released code computes the advantages before it replaces rows, a departure only for the
+group's other rows). The replaced rows' pi_old must be the training forward's at the training temperature, not the
+engine's at T: ``algo.old_logprobs: recompute`` is required; their rollout-correction weight is 1 and they are left
+out of the engine/trainer mismatch statistics (``Collected.fixed_advantages``).
 
 Where it departs from the released code (an EasyR1 fork): the code writes the kept samples over the first k rows of
 the batch whatever their prompt; here each goes into its own prompt's group, so logs and group-reading losses see
@@ -61,6 +63,15 @@ AUGMENTERS: Registry[type[Augmenter]] = Registry(
 )
 
 
+def put_row(got: Collected, b: int, slot: int, traj: Any, reward: float, result: Any) -> None:
+    """Row ``slot`` of group ``b`` becomes ``traj``, with its reward and reward result (what the logs show)."""
+    G = len(got.trajectories[b])
+    got.trajectories[b][slot] = traj
+    got.groups[b][slot] = traj.whole_response()
+    got.rewards[b, slot] = reward
+    got.results[b * G + slot] = result
+
+
 def make_augmenter(cfg: Config) -> Augmenter | None:
     """``algo.augment`` with its options; None for ``none``."""
     a = cfg.algo
@@ -110,25 +121,26 @@ class AEPOPass(Augmenter):
             raise ValueError("algo.augment 'aepo' keeps samples by their group advantage: set rollout.n >= 2")
 
     def __call__(self, collector: Collector, got: Collected) -> Collected:
+        got.resolve()  # the round's rewards first: the composite reward is not shared between threads
         B, G = len(got.indices), len(got.trajectories[0])
         groups = list(range(max(1, round(self.share * B))))
-        T = pass_temperature(self.entropy, self.target, self.t_high, self.t_low)
-        trajs, rewards = collector.resample(got, groups, T)
+        H = self.entropy  # read once: feedback() writes it from the training thread in an asynchronous run
+        T = pass_temperature(H, self.target, self.t_high, self.t_low)
+        trajs, rewards, results = collector.resample(got, groups, T)
         kept = kept_samples(rewards, self.threshold)
-        k = sample_count(len(kept), self.samples, self.entropy, self.target)
+        k = sample_count(len(kept), self.samples, H, self.target)
         fixed: dict[int, float] = {}
         used = dict.fromkeys(groups, 0)
         for b, g in kept[:k]:
             used[b] += 1
             slot = G - used[b]  # the group's last rows first
-            got.trajectories[b][slot] = trajs[b][g]
-            got.groups[b][slot] = trajs[b][g].whole_response()
+            put_row(got, b, slot, trajs[b][g], float(rewards[b, g]), results[b * G + g])
             fixed[b * G + slot] = 1.0
         got.fixed_advantages = fixed
         got.stats = {
             **got.stats,
             "aepo/temperature": T,
-            "aepo/entropy_seen": self.entropy,
+            "aepo/entropy_seen": H,
             "aepo/target_entropy": self.target,
             "aepo/pass_reward_mean": rewards.mean().item(),
             "aepo/extra_samples": float(rewards.numel()),

@@ -417,32 +417,44 @@ class Collector:
 
     def resample(
         self, got: Collected, groups: list[int], temperature: float
-    ) -> tuple[list[list[Trajectory]], torch.Tensor]:
-        """G fresh episodes of each of ``groups`` (positions in ``got``) at ``temperature``, scored: ``[b][G]``
-        trajectories and rewards ``[b, G]`` in the order of ``groups``, the same on every rank."""
+    ) -> tuple[list[list[Trajectory]], torch.Tensor, list[Any]]:
+        """G fresh episodes of each of ``groups`` (positions in ``got``) at ``temperature``, scored, as
+        :meth:`rollout` gives them (in the order of ``groups``, the same on every rank)."""
         params = replace(self.sampling_params(), temperature=temperature)
         return self.rollout([got.samples[b] for b in groups], params)
 
     def rollout(
-        self, samples: list[Sample], params: SamplingParams
-    ) -> tuple[list[list[Trajectory]], torch.Tensor]:
+        self, samples: list[Sample], params: SamplingParams, *, cache: bool = True
+    ) -> tuple[list[list[Trajectory]], torch.Tensor, list[Any]]:
         """``params.n`` episodes of each of ``samples`` (records of the dataset, or hinted copies of them), scored
-        like the step's round: ``[b][n]`` trajectories and rewards ``[b, n]`` in order, the same on every rank (each
-        rank generates its share). A record whose media fail to encode here is an error naming it: it was encoded
-        before, in the round."""
+        like the step's round: ``[b][n]`` trajectories, rewards ``[b, n]`` and the ``b * n`` reward results in
+        order, the same on every rank (each rank generates its share; an engine with weights of its own, vLLM, is
+        called on every rank, with no prompts where a rank has none, so a tensor-parallel group calls together).
+        ``cache``: encode through the prompt cache (False for one-off prompts, which would evict the dataset's). The
+        caller waits for the round's rewards first (:meth:`Collected.resolve`): the composite reward is not shared
+        between threads."""
         mine = range(self.dist.rank, len(samples), self.dist.world)  # any number of samples: strided
         local = [samples[b] for b in mine]
         trajs: list[list[Trajectory]] = []
-        rewards = torch.zeros(0, params.n)
+        rewards, results = torch.zeros(0, params.n), []
+        encode = self.encode if cache else self.policy.encode
         with self.stage("rollout"), self.generation_weights():
-            if local:
-                trajs = self.run_episodes(local, [self.encode(s) for s in local], params)
+            if local or (self.engine.owns_weights and not self.multi_turn):
+                trajs = self.run_episodes(local, [encode(s) for s in local], params)
         if local:
             with self.stage("reward"):
-                rewards = self.score(local, trajs)[0]
-        parts = self.dist.gather((list(mine), trajs, rewards))
-        at = {b: (t, r) for part in parts for b, t, r in zip(part[0], part[1], part[2])}
-        return [at[b][0] for b in range(len(samples))], torch.stack([at[b][1] for b in range(len(samples))])
+                rewards, results = self.score(local, trajs)
+        parts = self.dist.gather((list(mine), trajs, rewards, results))
+        at = {}
+        for idx, tr, rw, rs in parts:
+            for j, b in enumerate(idx):
+                at[b] = (tr[j], rw[j], rs[j * params.n : (j + 1) * params.n])
+        order = range(len(samples))
+        return (
+            [at[b][0] for b in order],
+            torch.stack([at[b][1] for b in order]) if samples else torch.zeros(0, params.n),
+            [r for b in order for r in at[b][2]],
+        )
 
     def _collect(self, step: int) -> Collected:
         k, a = self.cfg.train.prompts_per_step, self.cfg.algo
@@ -453,18 +465,24 @@ class Collector:
             return got
         kept: list[Collected] = []
         generated = informative = 0
+        engine_stats: dict[str, float] = {}
         for rounds in range(1, a.max_sampling_tries + 1):
             got = self.one_round(k)
+            engine_stats |= {key: v for key, v in got.stats.items() if not key.startswith("episode/")}
             keep = [b for b in range(k) if bool(got.rewards[b].std() > 0)] if got.rewards.shape[1] > 1 else []
             generated, informative = generated + k, informative + len(keep)
             kept.append(_select(got, keep))
             if informative >= k:
                 out = _select(_concat(kept), list(range(k)))
                 out.tally = self.tally
-                out.stats = (episode_metrics(out.trajectories) if self.multi_turn else {}) | {
-                    "rollout/groups_generated": float(generated),
-                    "rollout/sampling_rounds": float(rounds),
-                }
+                out.stats = (
+                    engine_stats
+                    | (episode_metrics(out.trajectories) if self.multi_turn else {})
+                    | {
+                        "rollout/groups_generated": float(generated),
+                        "rollout/sampling_rounds": float(rounds),
+                    }
+                )
                 return out
         raise SamplingExhausted(
             f"dynamic sampling kept {informative} informative groups (rewards not all equal) of {generated} generated "

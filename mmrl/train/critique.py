@@ -26,7 +26,7 @@ from typing import Any
 from mmrl.algos.losses import LOSSES
 from mmrl.config import Config
 from mmrl.rollout.episodes import Trajectory
-from mmrl.train.augment import AUGMENTERS, Augmenter
+from mmrl.train.augment import AUGMENTERS, Augmenter, put_row
 from mmrl.types import Sample
 
 INSTRUCTION = (
@@ -88,6 +88,11 @@ class CritiquePass(Augmenter):
                 "algo.augment 'critique' places refinements under the original question, where the engine's "
                 "log-probs are not theirs: use a loss that shapes off-policy rows, algo.loss: critique"
             )
+        if cfg.algo.old_logprobs == "interpolate":
+            raise ValueError(
+                "algo.augment 'critique' adds rows whose engine log-probs are of another prompt, which the "
+                "interpolated proximal policy would read: use algo.old_logprobs: rollout or recompute"
+            )
         if self.slots >= cfg.rollout.n:
             raise ValueError(
                 f"algo.augment 'critique': slots ({self.slots}) must be < rollout.n ({cfg.rollout.n})"
@@ -106,7 +111,10 @@ class CritiquePass(Augmenter):
                 asks.append(
                     refinement_sample(s, text, critique_text(self.critic, right, s.answer), self.instruction)
                 )
-        trajs, rewards = collector.rollout(asks, replace(collector.sampling_params(), n=1))
+        # one-off prompts: not through the prompt cache, which holds the dataset's
+        trajs, rewards, results = collector.rollout(
+            asks, replace(collector.sampling_params(), n=1), cache=False
+        )
         r = rewards[:, 0].view(B, G)
         placed = 0
         for b in range(B):
@@ -118,9 +126,7 @@ class CritiquePass(Augmenter):
                 t = Trajectory.start(f"{refined.episode_id}~refined", s, prompt, f"{s.id}#refined{slot}")
                 t.add_completion(refined.last_completion())
                 t.end = "single_turn"
-                got.trajectories[b][slot] = t
-                got.groups[b][slot] = t.whole_response()
-                got.rewards[b, slot] = r[b, g]
+                put_row(got, b, slot, t, float(r[b, g]), results[b * G + g])
                 got.off_policy_rows.add(b * G + slot)
                 placed += 1
         good = (r >= self.success_at).reshape(-1).tolist()

@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from mmrl.config import Config
-from mmrl.train.augment import AUGMENTERS, Augmenter
+from mmrl.train.augment import AUGMENTERS, Augmenter, put_row
 from mmrl.train.hints import HINTS, with_hint
 
 
@@ -51,6 +51,11 @@ class HintPass(Augmenter):
                 f"algo.augment {self.name!r} re-generates in the trainer's collector, which the separate placement "
                 "does not run; use rollout.placement: colocated"
             )
+        if cfg.algo.dynamic_sampling:
+            raise ValueError(
+                f"algo.augment {self.name!r} re-poses the groups that failed, but algo.dynamic_sampling drops them "
+                "before it sees them: turn one of them off"
+            )
 
     def failed(self, got: Any) -> list[int]:
         got.resolve()
@@ -65,15 +70,6 @@ class HintPass(Augmenter):
             except Exception as e:  # a builder's bug on one record names the record and stops the run
                 raise ValueError(f"record {s.id!r}: hint builder {self.hint_name!r} failed: {e}") from e
         return out
-
-    @staticmethod
-    def put(got: Any, b: int, slot: int, traj: Any, reward: float, result: Any = None) -> None:
-        G = len(got.trajectories[b])
-        got.trajectories[b][slot] = traj
-        got.groups[b][slot] = traj.whole_response()
-        got.rewards[b, slot] = reward
-        if result is not None:
-            got.results[b * G + slot] = result
 
     def stats(self, failed: int, rungs: list[int], rows: int, extra: int = 0) -> dict[str, float]:
         n = self.name
@@ -108,15 +104,16 @@ class GHPOPass(HintPass):
             if not todo:
                 break
             hinted = [with_hint(got.samples[b], ladders[b][rung]) for b in todo]
-            trajs, rewards = collector.rollout(hinted, params)
+            trajs, rewards, results = collector.rollout(hinted, params)
             extra += rewards.numel()
             still = []
-            for b, row, r in zip(todo, trajs, rewards):
+            G = rewards.shape[1]
+            for n, (b, row, r) in enumerate(zip(todo, trajs, rewards)):
                 if bool((r <= self.fail_at).all()):
                     still.append(b)
                     continue
                 for g, t in enumerate(row):
-                    self.put(got, b, g, t, float(r[g]))
+                    put_row(got, b, g, t, float(r[g]), results[n * G + g])
                 rungs.append(rung + 1)
                 rows += len(row)
             todo = still
@@ -164,7 +161,7 @@ class ScafPass(HintPass):
         if asks:
             hinted = [with_hint(got.samples[b], ladders[b][k]) for b, k in asks]
             params = replace(collector.sampling_params(), n=self.slots)
-            trajs, rewards = collector.rollout(hinted, params)
+            trajs, rewards, results = collector.rollout(hinted, params)
             best: dict[int, int] = {}
             for i, (b, _) in enumerate(
                 asks
@@ -174,7 +171,7 @@ class ScafPass(HintPass):
             for b, i in best.items():  # its successful samples, into the group's first slots
                 right = [g for g in range(self.slots) if float(rewards[i][g]) >= self.success_at]
                 for slot, g in enumerate(right):
-                    self.put(got, b, slot, trajs[i][g], float(rewards[i][g]))
+                    put_row(got, b, slot, trajs[i][g], float(rewards[i][g]), results[i * self.slots + g])
                 rungs.append(asks[i][1] + 1)
                 rows += len(right)
         got.stats = {**got.stats, **self.stats(len(failed), rungs, rows, extra)}

@@ -182,7 +182,12 @@ class ImageCheck:
     def pick(self, batch: RolloutBatch, step: int) -> list[int]:
         """Up to ``train.image_check_rows`` rows holding media, one per prompt first, drawn with a generator seeded
         by (seed, step): the same rows on every rank."""
-        media = [r for r, t in enumerate(batch.trajectories) if modalities(t) and any(t.mask)]
+        placed = (
+            batch.off_policy_rows
+        )  # an augmenter's rows from another prompt: their log-probs are not this row's
+        media = [
+            r for r, t in enumerate(batch.trajectories) if modalities(t) and any(t.mask) and r not in placed
+        ]
         gen = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + step)
         first, rest, seen = [], [], set()
         for i in torch.randperm(len(media), generator=gen).tolist():

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import torch
 
-from mmrl.config import Config
+from mmrl.algos import rollout_correction
+from mmrl.config import AlgoConfig, Config
 from mmrl.distributed import Dist
 from mmrl.model.policy import Policy
 from mmrl.rollout.episodes import answer_probes
@@ -71,3 +72,22 @@ def answer_logprobs(
         for i, v in zip(owners, mean.tolist()):
             out[i].append(v)
     return out
+
+
+def correction(
+    a: AlgoConfig, logp: torch.Tensor, rollout_logp: torch.Tensor, batch: RolloutBatch
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """``algo.rollout_correction`` of the engine's log-probs against the recomputed ones, and the mismatch numbers;
+    the rows an augmenter placed (``batch.placed_rows``: another prompt's or temperature's log-probs) are no
+    mismatch: left out of the numbers, weight 1."""
+    placed = sorted(batch.placed_rows)
+    mask = batch.mask
+    if placed:
+        mask = mask.clone()
+        mask[placed] = 0
+    weights, stats = rollout_correction(
+        a.rollout_correction, logp, rollout_logp, mask, cap=a.rollout_correction_cap
+    )
+    if weights is not None and placed:
+        weights[placed] = batch.mask[placed]
+    return weights, stats

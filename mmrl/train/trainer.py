@@ -31,7 +31,6 @@ from mmrl.algos import (
     REWARD_CORRECTIONS,
     AdvantageInput,
     kl_penalised_rewards,
-    rollout_correction,
     with_fixed_advantages,
 )
 from mmrl.config import Config, to_dict
@@ -112,6 +111,10 @@ class Trainer:
         self.step, self.timings, self.last_kl = 0, {}, None
         if ckpt is not None:
             self._restore(ckpt)
+            if hasattr(
+                self.engine, "version"
+            ):  # the weights it holds are the resumed step's (versions, schedules)
+                self.engine.version = self.step
         if self.dist.generators:  # where the generating processes start
             announce_start(self.dist, self.step, ckpt)
         self.logger = MetricsLogger(
@@ -370,6 +373,7 @@ class Trainer:
         or the entropies, when asked for."""
         batch = RolloutBatch.of(got.trajectories)
         batch.off_policy_rows = set(got.off_policy_rows)
+        batch.placed_rows = got.off_policy_rows | set(got.fixed_advantages)
         N, G = len(batch), batch.group_size
         old = batch.old_logp
         if self.dist.active:  # the no-grad passes' rows: balanced by tokens, whole groups
@@ -378,9 +382,7 @@ class Trainer:
         if a.old_logprobs == "recompute" or self.estimator.needs_entropy:
             logp, ent = self.forward_no_grad(self.policy, batch, with_entropy=self.estimator.needs_entropy)
             if a.old_logprobs == "recompute":  # the engine's log-probs (old) against the training forward's
-                batch.rollout_weights, self.mismatch = rollout_correction(
-                    a.rollout_correction, logp, old, batch.mask, cap=a.rollout_correction_cap
-                )
+                batch.rollout_weights, self.mismatch = no_grad.correction(a, logp, old, batch)
                 batch.old_logp = logp
             batch.entropy = ent
         return batch

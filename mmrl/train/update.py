@@ -73,6 +73,9 @@ class RolloutBatch:
     rows: list[int] | None = None  # the rows this process scores in the no-grad passes (None: all)
     rollout_weights: torch.Tensor | None = None  # [N, T] detached token-loss weights (rollout correction)
     off_policy_rows: set[int] = field(default_factory=set)  # rows generated from another context (augmenters)
+    placed_rows: set[int] = field(
+        default_factory=set
+    )  # every row an augmenter placed (off-policy or fixed advantage)
 
     @classmethod
     def of(cls, trajectories: list[list[Trajectory]]) -> RolloutBatch:
