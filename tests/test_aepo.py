@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_config import shapes_config
 
 from mmrl.algos.aepo import kept_samples, pass_temperature, sample_count, with_fixed_advantages
 from mmrl.config import ConfigError, load_config
 from mmrl.train.augment import AUGMENTERS, AEPOPass
-
-TINY = str(Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl")
 
 
 def test_hand_values():
@@ -44,21 +43,16 @@ def test_fixed_advantages():
 
 
 def _recipe(tmp_path: Path, extra: str = "") -> Path:
-    from mmrl.recipes.shapes.data import build
-
-    build(tmp_path / "data", n_train=8, n_eval=4, seed=5)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(
-        f"""
-model: {{path: {TINY}, min_pixels: 3136, max_pixels: 3136}}
-data: {{train: data/train.jsonl}}
+    cfg = shapes_config(
+        tmp_path,
+        f"""\
 rollout: {{n: 4, max_new_tokens: 3, batch_size: 8, temperature: 1.0}}
 rewards: [{{name: exact_match}}]
 algo: {{epochs: 1, mini_batches: 1, old_logprobs: recompute, rollout_correction: tis_token, augment: aepo,
   augment_options: {{share: 0.5, threshold: -10.0, samples: 3, target_entropy: 2.0}}{extra}}}
 optim: {{lr: 0.001, micro_batch_size: 8}}
 train: {{prompts_per_step: 4, progress: false, seed: 3}}
-"""
+""",
     )
     return cfg
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from tiny_config import shapes_config
 
 from mmrl.algos import LOSSES
 from mmrl.algos.critique import critique_loss, shaping
@@ -71,20 +72,15 @@ def test_refinement_prompt_keeps_the_images(tmp_path):
 
 
 def _recipe(tmp_path: Path, extra: str = "") -> Path:
-    from mmrl.recipes.shapes.data import build
-
-    build(tmp_path / "data", n_train=8, n_eval=4, seed=5)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(
-        f"""
-model: {{path: {TINY}, min_pixels: 3136, max_pixels: 3136}}
-data: {{train: data/train.jsonl}}
+    cfg = shapes_config(
+        tmp_path,
+        f"""\
 rollout: {{n: 4, max_new_tokens: 3, batch_size: 16}}
 rewards: [{{name: '{PLUGIN}:saw_hint', options: {{needle: ground truth}}}}]
 algo: {{epochs: 1, mini_batches: 1, advantage: dr_grpo, loss: critique, augment: critique{extra}}}
 optim: {{lr: 0.001, micro_batch_size: 8}}
 train: {{prompts_per_step: 2, progress: false, seed: 3}}
-"""
+""",
     )
     return cfg
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from tiny_config import shapes_config
 
 from mmrl.config import ConfigError, load_config
 from mmrl.train.hints import GHPO_LEAD, HINTS, register_hints, with_hint
@@ -102,20 +103,15 @@ def test_hinted_prompt_keeps_its_images(tmp_path):
 
 
 def _recipe(tmp_path: Path, augment: str, options: str) -> Path:
-    from mmrl.recipes.shapes.data import build
-
-    build(tmp_path / "data", n_train=8, n_eval=4, seed=5)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(
-        f"""
-model: {{path: {TINY}, min_pixels: 3136, max_pixels: 3136}}
-data: {{train: data/train.jsonl}}
+    cfg = shapes_config(
+        tmp_path,
+        f"""\
 rollout: {{n: 4, max_new_tokens: 3, batch_size: 8}}
 rewards: [{{name: '{PLUGIN}:saw_hint'}}]
 algo: {{epochs: 1, mini_batches: 1, augment: {augment}, augment_options: {{hints: test_rungs{options}}}}}
 optim: {{lr: 0.001, micro_batch_size: 8}}
 train: {{prompts_per_step: 2, progress: false, seed: 3}}
-"""
+""",
     )
     return cfg
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_config import shapes_config
 
 from mmrl.algos import ADVANTAGES, IGPO, AdvantageInput, Turn
 from mmrl.algos.igpo import info_gain_rewards
@@ -100,20 +101,15 @@ def test_options_and_missing_probe_are_refused():
 
 
 def _recipe(tmp_path: Path, extra: str = "") -> Path:
-    from mmrl.recipes.shapes.data import build
-
-    build(tmp_path / "data", n_train=8, n_eval=4, seed=5)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(
-        f"""
-model: {{path: {TINY}, min_pixels: 3136, max_pixels: 3136}}
-data: {{train: data/train.jsonl}}
+    cfg = shapes_config(
+        tmp_path,
+        f"""\
 rollout: {{n: 4, max_new_tokens: 5, batch_size: 8, env: 'trainer_envs:ParityEnv',
   episode: {{env_options: {{steps: 3}}, max_turns: 3, env_workers: 1}}}}
 algo: {{epochs: 1, mini_batches: 1, advantage: igpo, old_logprobs: recompute{extra}}}
 optim: {{lr: 0.001, micro_batch_size: 3}}
 train: {{prompts_per_step: 2, progress: false, seed: 3}}
-"""
+""",
     )
     return cfg
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from tiny_config import shapes_config
 
 from mmrl.config import ModelConfig
 from mmrl.model.policy import Policy
@@ -91,21 +92,17 @@ def test_schedule_and_plain_samples(setup):
 
 def test_two_steps_through_the_cli(tmp_path):
     from mmrl.cli import main
-    from mmrl.recipes.shapes.data import build
 
-    build(tmp_path / "data", n_train=8, n_eval=4, seed=5)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(
-        f"""
-model: {{path: {TINY}, min_pixels: 3136, max_pixels: 3136}}
-data: {{train: data/train.jsonl}}
-rollout: {{n: 4, max_new_tokens: 6, batch_size: 8, engine: latr,
-  engine_options: {{tau_abs: 0.0, tau_rel: 1.0, window: 2}}}}
-rewards: [{{name: exact_match}}]
-algo: {{epochs: 1, mini_batches: 1, old_logprobs: recompute}}
-optim: {{lr: 0.001, micro_batch_size: 8}}
-train: {{prompts_per_step: 2, progress: false, seed: 3}}
-"""
+    cfg = shapes_config(
+        tmp_path,
+        """\
+rollout: {n: 4, max_new_tokens: 6, batch_size: 8, engine: latr,
+  engine_options: {tau_abs: 0.0, tau_rel: 1.0, window: 2}}
+rewards: [{name: exact_match}]
+algo: {epochs: 1, mini_batches: 1, old_logprobs: recompute}
+optim: {lr: 0.001, micro_batch_size: 8}
+train: {prompts_per_step: 2, progress: false, seed: 3}
+""",
     )
     out = tmp_path / "run"
     assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "2"]) == 0
