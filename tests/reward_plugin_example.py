@@ -107,3 +107,8 @@ def saw_hint(batch: list[RewardInput], *, needle: str = "rung t") -> list[Reward
     """1 when the question the response answered holds ``needle`` (the default is in hint rungs two and three only),
     else 0: for the hint scaffolding and critique tests, where only hinted or critiqued prompts can succeed."""
     return [RewardResult(score=float(needle in x.prompt)) for x in batch]
+
+
+def constant(batch: list[RewardInput], *, value: float = 0.1) -> list[RewardResult]:
+    """The same score for every response (0.1 is not a binary fraction: a group's float32 std is ~8e-9, not 0)."""
+    return [RewardResult(score=value) for _ in batch]

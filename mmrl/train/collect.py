@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from mmrl.algos.advantages import groups_with_signal
 from mmrl.config import Config
 from mmrl.distributed import Dist
 from mmrl.model.policy import Policy
@@ -469,7 +470,8 @@ class Collector:
         for rounds in range(1, a.max_sampling_tries + 1):
             got = self.one_round(k)
             engine_stats |= {key: v for key, v in got.stats.items() if not key.startswith("episode/")}
-            keep = [b for b in range(k) if bool(got.rewards[b].std() > 0)] if got.rewards.shape[1] > 1 else []
+            keep = groups_with_signal(got.rewards).nonzero().flatten().tolist()  # max > min: std() of equal
+            # floats such as 8 x 0.1 is ~8e-9, not 0, and would keep a flat group
             generated, informative = generated + k, informative + len(keep)
             kept.append(_select(got, keep))
             if informative >= k:
