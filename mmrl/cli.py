@@ -41,7 +41,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"train.max_steps={args.max_steps}")
     cfg = load_config(args.config, overrides)
     check_rewards(cfg)  # the most common mistake, answered before torch is imported
-    from mmrl.plan.planner import preflight
+    from mmrl.plan.preflight import preflight
 
     preflight(cfg, force=args.force)  # a GPU run that cannot fit is refused before any model loads
 
@@ -99,7 +99,8 @@ def _generate(cfg: Any, args: argparse.Namespace, dist: Any) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from mmrl.config import load_config
-    from mmrl.plan.planner import PlanOptions, format_plan, plan_run
+    from mmrl.plan.planner import PlanOptions, plan_run
+    from mmrl.plan.report import format_plan
 
     cfg = load_config(args.config, list(args.overrides))
     opts = PlanOptions(

@@ -254,18 +254,18 @@ def contexts():
     return active
 
 from mmrl.config import load_config
-from mmrl.plan import planner
+from mmrl.plan import preflight
 
 before = contexts()
 cfg = load_config(sys.argv[1], [f"model.path={sys.argv[2]}", f"model.device={sys.argv[3]}"])
-plan = planner.preflight(cfg, force=True)
+plan = preflight.preflight(cfg, force=True)
 print("RESULT " + json.dumps({"before": before, "after": contexts(),
                               "gib": None if plan is None else plan.setup.hw.gpu_gib}), flush=True)
 """
 
 
 def device_probe(device: str, tmp: Path) -> dict:
-    """Pre-flight's memory probe (mmrl.plan.planner.preflight, as ``mmrl train`` runs it before any model loads) in a
+    """Pre-flight's memory probe (mmrl.plan.preflight.preflight, as ``mmrl train`` runs it before any model loads) in a
     fresh process with ``model.device=device``. On CUDA: the planned GPU memory is the device's total as
     ``torch.cuda.mem_get_info`` reports it, and the process has no CUDA context on any GPU afterwards. Contexts are
     read from the driver (``cuDevicePrimaryCtxGetState``): ``torch.cuda.is_initialized()`` is torch's own lazy

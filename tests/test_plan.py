@@ -10,7 +10,7 @@ import pytest
 
 from mmrl import cli
 from mmrl.config import ConfigError, load_config
-from mmrl.plan import memory
+from mmrl.plan import memory, preflight, report
 from mmrl.plan import planner as plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,7 +274,7 @@ def test_preflight_refuses_a_run_that_cannot_fit_and_force_overrides(tmp_path, m
             raise RunFinished("stub")
 
     monkeypatch.setattr(mmrl.train.trainer, "Trainer", Trainer)
-    monkeypatch.setattr(plan, "would_use_cuda", lambda cfg: True)
+    monkeypatch.setattr(preflight, "would_use_cuda", lambda cfg: True)
     argv = ["train", str(ROOT / "recipes/shapes/tiny.yaml"), "--output-dir", str(tmp_path / "run")]
     argv += ["model.path=Qwen/Qwen2.5-VL-7B-Instruct", "model.dtype=bfloat16", "hardware.gpu_memory_gib=24"]
     assert cli.main(argv) == 2 and not started
@@ -286,10 +286,10 @@ def test_preflight_refuses_a_run_that_cannot_fit_and_force_overrides(tmp_path, m
 
 
 def test_cpu_runs_are_not_planned(monkeypatch):
-    monkeypatch.setattr(plan, "plan_run", lambda *a, **k: pytest.fail("a CPU run was planned"))
-    assert plan.preflight(_tiny(["model.device=cpu"])) is None
-    assert not plan.would_use_cuda(_tiny(["model.device=cpu"]))
-    assert plan.would_use_cuda(_tiny(["model.device=cuda:1"]))
+    monkeypatch.setattr(preflight, "plan_run", lambda *a, **k: pytest.fail("a CPU run was planned"))
+    assert preflight.preflight(_tiny(["model.device=cpu"])) is None
+    assert not preflight.would_use_cuda(_tiny(["model.device=cpu"]))
+    assert preflight.would_use_cuda(_tiny(["model.device=cuda:1"]))
 
 
 # ------------------------------------------------------------------------------------------- recipes
@@ -301,7 +301,7 @@ def test_every_gpu_recipe_fits_its_stated_hardware(path):
     assert hw.name and hw.gpu_memory_gib, f"{path}: state the hardware it is written for (hardware: section)"
     p = plan.plan_run(cfg, opts)
     assert p.setup.hw.source == "the config's hardware section"
-    assert p.fits, plan.format_plan(p, str(path))
+    assert p.fits, report.format_plan(p, str(path))
     if hw.gpus_per_node * hw.nodes > 1:  # several processes: the recipe shards (DDP would replicate it all)
         assert cfg.train.fsdp and cfg.train.prompts_per_step % (hw.gpus_per_node * hw.nodes) == 0
 
@@ -402,7 +402,7 @@ def test_reward_models_are_planned_by_stage_by_hand():
     )
     assert p.rows["judge (medix.judge)"] == stages | {"rollout": 2.0 * J, "log-probs": 2.0 * J}
     assert "encoder (medix.embedding)" not in p.rows  # on the CPU
-    text = plan.format_plan(p, "tiny")
+    text = report.format_plan(p, "tiny")
     assert (
         f"judge (medix.judge): {JUDGE}: weights 0.00 GiB, moved to host memory between calls (offload)"
         in text
@@ -421,7 +421,7 @@ def test_a_colocated_judge_that_does_not_fit_is_refused(tmp_path):
     share = 0.3 * 79 * GIB
     assert p.fits and p.rows["vLLM judge (medix.judge)"]["log-probs"] == share
     big = plan.plan_run(load_config(MEDVQA, ["rewards.0.options.judge.gpu_memory_utilization=0.6"]), opts)
-    assert not big.fits and big.peak_stage == "log-probs", plan.format_plan(big, "medvqa")
+    assert not big.fits and big.peak_stage == "log-probs", report.format_plan(big, "medvqa")
     assert p.totals["log-probs"] + 0.3 * 79 * GIB == pytest.approx(big.totals["log-probs"])
     resident = plan.plan_run(load_config(MEDVQA, ["rewards.0.options.judge.offload=false"]), opts)
     assert resident.rows["vLLM judge (medix.judge)"]["update"] == share

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmrl.config import load_config
-from mmrl.plan import planner
+from mmrl.plan import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
@@ -78,6 +78,6 @@ def test_preflight_queries_only_the_gpu_its_process_trains_on(
     cuda.install(monkeypatch)
     _launch(monkeypatch, world=max(2, len(sizes)), local_world=len(sizes), local_rank=local_rank)
     cfg = load_config(ROOT / "recipes/shapes/tiny.yaml", [f"model.path={TINY}", f"model.device={device}"])
-    p = planner.preflight(cfg, force=True)
+    p = preflight.preflight(cfg, force=True)
     assert cuda.touched and set(cuda.touched) == {expected}, cuda.touched
     assert p.setup.hw.gpu_gib == sizes[expected]  # the memory of that GPU, not of GPU 0

@@ -8,7 +8,7 @@ import pytest
 
 from mmrl import cli
 from mmrl.config import ConfigError, load_config
-from mmrl.plan import memory
+from mmrl.plan import memory, preflight, report
 from mmrl.plan import planner as plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def test_a_separate_plan_shows_both_gpus_by_hand(capsys):
         for st in plan_.stages:
             assert plan_.totals[st] == pytest.approx(sum(v[st] for v in plan_.rows.values()))
     assert p.fits and p.worst == max(p.peak, g.peak)
-    out = plan.format_plan(p, "tiny")
+    out = report.format_plan(p, "tiny")
     assert "per training GPU, GiB" in out and "per generating GPU, GiB" in out
     assert "placement: separate: 2 training GPU(s) and 1 generating GPU(s) of the 3 launched" in out
     assert f"peak: training GPU {p.peak / GIB:.2f} GiB in the {p.peak_stage} stage; generating GPU " in out
@@ -113,8 +113,8 @@ def test_separating_removes_the_generation_from_the_training_gpu():
     # with held-out data the evaluation generates one greedy response per record: up to rollout.batch_size (32) of
     # the rank's 100 of eval.max_samples 200 at once, where the colocated rollout holds 8 prompts x 8
     ev = plan.plan_run(_tiny([*base[:-1], "rollout.placement=separate"]), plan.PlanOptions(gpus=3))
-    seqs, seq = plan._eval_sequences(ev.setup)
-    assert (seqs, seq.response, plan._rollout_sequences(col.setup)) == (32, 64, 64)
+    seqs, seq = plan.eval_sequences(ev.setup)
+    assert (seqs, seq.response, plan.rollout_sequences(col.setup)) == (32, 64, 64)
     assert 0 < ev.rows["activations"]["evaluation"] < col.rows["activations"]["rollout"]
 
 
@@ -125,17 +125,17 @@ def test_a_generating_gpu_that_cannot_fit_is_refused_naming_it(monkeypatch):
     cfg = load_config(RECIPE, ["rollout.batch_size=64"])
     p = plan.plan_run(cfg)
     assert p.peak <= p.capacity and p.generating.peak > p.capacity and not p.fits
-    text = plan.verdict(p)
+    text = report.verdict(p)
     assert text.startswith("does not fit: the generating GPU's peak") and "training GPU" not in text
     assert p.advice == ["rollout.batch_size=32"]
     assert plan.plan_run(load_config(RECIPE, p.advice)).fits
-    monkeypatch.setattr(plan, "would_use_cuda", lambda cfg: True)
+    monkeypatch.setattr(preflight, "would_use_cuda", lambda cfg: True)
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # the memory from hardware: (79 GiB)
     with pytest.raises(ConfigError, match="the generating GPU's peak .* > 79 GiB per GPU"):
-        plan.preflight(cfg)
-    assert plan.preflight(load_config(RECIPE)).fits
+        preflight.preflight(cfg)
+    assert preflight.preflight(load_config(RECIPE)).fits
 
 
 def test_the_advice_never_empties_the_training_group():
@@ -149,7 +149,7 @@ def test_the_advice_never_empties_the_training_group():
     opts = plan.PlanOptions(gpus=2)
     p = plan.plan_run(cfg, opts)
     assert p.setup.hw.world == 1 and not p.fits and p.advice
-    assert "does not fit: the training GPU's peak" in plan.verdict(p)
+    assert "does not fit: the training GPU's peak" in report.verdict(p)
     gpus = [int(a.split()[1]) for a in p.advice if a.startswith("--gpus")]
     overrides = [a for a in p.advice if not a.startswith("--")]
     again = plan.plan_run(plan._with(cfg, overrides), plan.PlanOptions(gpus=gpus[0] if gpus else 2))
@@ -171,7 +171,7 @@ def test_a_separate_vllm_plan_is_refused():
     """Pre-flight refuses the vLLM engine under a separate placement: the plan says so rather than planning it."""
     cfg = load_config(RECIPE, ["rollout.engine=vllm"])
     p = plan.plan_run(cfg, advise=False)
-    assert not p.fits and "hf engine only" in plan.verdict(p)
+    assert not p.fits and "hf engine only" in report.verdict(p)
 
 
 def test_the_async_recipe_fits_8_gpus_of_80_gb(monkeypatch, capsys):
@@ -188,7 +188,7 @@ def test_the_async_recipe_fits_8_gpus_of_80_gb(monkeypatch, capsys):
     assert (cfg.hardware.gpus_per_node * cfg.hardware.nodes, cfg.hardware.gpu_memory_gib) == (8, 79)
     for opts in (plan.PlanOptions(), plan.PlanOptions(gpus=8)):
         p = plan.plan_run(cfg, opts)
-        assert p.fits, plan.format_plan(p, str(RECIPE))
+        assert p.fits, report.format_plan(p, str(RECIPE))
         assert (p.setup.hw.world, p.setup.hw.generating) == (7, 1)
         assert p.peak <= 79 * GIB and p.generating.peak <= 79 * GIB
     assert "torchrun --nproc_per_node 8 -m mmrl train recipes/geometry/gpu-async.yaml" in RECIPE.read_text()
@@ -217,6 +217,6 @@ def test_reward_models_sit_where_rewards_are_scored():
         assert p.generating.rows[name] == {"rollout": 4.0 * E, "weight receive": 4.0 * E}
         rest = 0.0 if offload else 4.0 * E
         assert p.rows[name] == {"evaluation": 4.0 * E, "log-probs": rest, "update": rest, "weight sync": rest}
-        assert "on each training GPU too" in plan.format_plan(p, "tiny")
+        assert "on each training GPU too" in report.format_plan(p, "tiny")
         bare = plan.plan_run(_tiny([*SEPARATE, reward, "data.eval="]), opts)
         assert name not in bare.rows and name in bare.generating.rows

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mmrl.config import load_config
-from mmrl.plan import memory
+from mmrl.plan import memory, report
 from mmrl.plan import planner as plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def test_qwen3_recipe_fits_its_hardware(path, no_hub_cache):
     assert p.setup.shapes.source == str(SHIPPED)
     assert p.setup.hw.source == "the config's hardware section"
     assert p.setup.seq.visual_tokens == m.max_pixels // (32 * 32)  # one image per prompt
-    assert p.fits, plan.format_plan(p, str(path))
+    assert p.fits, report.format_plan(p, str(path))
     world = hw.gpus_per_node * hw.nodes
     assert world == 1 or (cfg.train.fsdp and cfg.train.prompts_per_step % world == 0)
     # vLLM starts: its cache holds one max_model_len sequence, which holds the planned prompt and response

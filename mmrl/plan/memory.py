@@ -730,3 +730,8 @@ def nograd_activations(s: Setup, *, policy: bool) -> float:
     head = _head(s, rows, entropy=entropy, grad=False, fp32_weight=fp32_head, trainable=False)
     phases.append(base + tokc * 4 * t.hidden + head)
     return max(phases)
+
+
+def gib(x: float) -> str:
+    """Bytes as GiB with two decimals, as the plan prints them."""
+    return f"{x / GIB:.2f}"
