@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _sim():
+    if str(ROOT / "benchmarks") not in sys.path:  # its cost model, async_sim_model.py, is a sibling module
+        sys.path.insert(0, str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("async_sim", ROOT / "benchmarks" / "async_sim.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["async_sim"] = module
