@@ -170,6 +170,16 @@ class EpisodeConfig:
     observation_role: Literal["user", "tool"] = opt("the chat role of observation turns", "user")
     env_workers: int = opt("env worker processes (0: in this process, for debugging)", 2)
     env_timeout_s: float = opt("deadline of one env reset or step (the episode ends with an error)", 60.0)
+    schedule: Literal["lockstep", "continuous"] = opt(
+        "'lockstep': each turn, one engine call for every live episode, then all step; 'continuous': an episode "
+        "whose step is back generates its next turn while slower steps still run (docs/agents.md#continuous-episodes)",
+        "lockstep",
+    )
+    min_ready: float = opt(
+        "continuous: the next engine call starts once this share of the unfinished episodes waits for it (or no "
+        "step is running)",
+        0.5,
+    )
 
 
 @dataclass

@@ -35,8 +35,9 @@ train: {{prompts_per_step: 2, progress: false, seed: 3}}
     return cfg
 
 
-def test_episode_training_step(tmp_path):
-    cfg = _recipe(tmp_path)
+@pytest.mark.parametrize("schedule", ["lockstep", "continuous"])
+def test_episode_training_step(tmp_path, schedule):
+    cfg = _recipe(tmp_path, extra=f", schedule: {schedule}")
     out = tmp_path / "run"
     assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "2"]) == 0
     rows = read_metrics(out / "metrics.jsonl")

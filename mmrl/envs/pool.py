@@ -326,6 +326,13 @@ class EnvPool:
         self._procs: list[_Worker] = []
         self._ctx: Any = None
         self._counts: Counter[str] = Counter()
+        # commands sent and not yet answered, per worker, in the order it runs them, and when it started the first
+        self._queues: dict[int, deque[_Cmd]] = {}
+        self._started: dict[int, float] = {}
+        self._submitted: list[_Cmd] = []  # steps started by submit(), until collect() returns them
+        self._answered: dict[
+            str, StepResult
+        ] = {}  # submitted steps answered without a worker (ended episodes)
         self._closed = False
         self._finalizer = weakref.finalize(self, _shutdown, self._procs)
 
@@ -391,6 +398,55 @@ class EnvPool:
         out.update({c.eid: self._result(c) for c in cmds})
         return {eid: out[eid] for eid in actions}
 
+    def submit(self, actions: Mapping[str, str]) -> None:
+        """Start steps and return at once (the continuous episode schedule, docs/agents.md#continuous-episodes):
+        each episode's action goes to its worker now, behind what that worker is already running, with the same
+        deadline and recovery as :meth:`step`; :meth:`collect` returns each result once it is in. An episode has
+        at most one step in flight. Unknown ids raise KeyError."""
+        self._check_open()
+        unknown = [eid for eid in actions if eid not in self._episodes and eid not in self._ended]
+        if unknown:
+            raise KeyError(f"episode {unknown[0]!r} is not live (never reset, closed, or already done)")
+        busy = {c.eid for c in self._submitted} & set(actions)
+        if busy:
+            raise ValueError(f"episode {sorted(busy)[0]!r} already has a step in flight; collect() it first")
+        for eid in [e for e in actions if e in self._ended]:
+            self._answered[eid] = self._ended.pop(eid)
+        cmds = [
+            _Cmd("step", eid, str(t), self.timeout_s)
+            for eid, t in actions.items()
+            if eid not in self._answered
+        ]
+        self._submitted.extend(cmds)
+        if self.workers == 0:
+            self._run(cmds)
+        else:
+            self._guarded(self._enqueue, cmds)
+
+    @property
+    def in_flight(self) -> int:
+        """Submitted steps not yet returned by :meth:`collect`."""
+        return len(self._submitted) + len(self._answered)
+
+    def collect(self, timeout_s: float | None = None) -> dict[str, StepResult]:
+        """The submitted steps answered since the last call, by episode id; waits until at least one is in (or
+        ``timeout_s`` has passed: then possibly none). Empty when nothing is in flight."""
+        self._check_open()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            done = [c for c in self._submitted if c.ok is not None or not self._is_queued(c)]
+            if done or self._answered or not self._submitted:
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self._guarded(self._pump, left)
+        out, self._answered = self._answered, {}
+        for c in done:
+            self._submitted.remove(c)
+            out[c.eid] = self._result(c) if c.ok is not None else _failed("the env pool lost this step")
+        return out
+
     def oracle(self, episode_ids: Sequence[str]) -> dict[str, str | None]:
         """Each episode's next correct action (:meth:`mmrl.envs.Env.oracle`: the full text as the model should
         write it, or None when the episode needs no more actions), asked in parallel in the workers; None too for
@@ -420,10 +476,14 @@ class EnvPool:
         return {eid: out[eid] for eid in episode_ids}
 
     def close_episode(self, *episode_ids: str) -> None:
-        """Close live episodes (ids that are not live are ignored): their envs' ``close`` runs in their workers."""
+        """Close live episodes (ids that are not live are ignored): their envs' ``close`` runs in their workers
+        (after a step still running there; its result is dropped)."""
         self._check_open()
         for eid in episode_ids:
             self._ended.pop(eid, None)
+            self._answered.pop(eid, None)
+        gone = set(episode_ids)  # a submitted step of a closed episode is never collected
+        self._submitted = [c for c in self._submitted if c.eid not in gone]
         self._run([_Cmd("close", e, None, self.timeout_s) for e in episode_ids if e in self._episodes])
 
     def close(self) -> None:
@@ -436,6 +496,9 @@ class EnvPool:
         self._local.clear()
         self._episodes.clear()
         self._ended.clear()
+        self._queues.clear()
+        self._submitted.clear()
+        self._answered.clear()
         self._finalizer()
 
     def __enter__(self) -> EnvPool:
@@ -483,6 +546,7 @@ class EnvPool:
         self._counts["lost"] += 1
 
     def _run(self, cmds: list[_Cmd]) -> None:
+        """Run ``cmds`` to their answers (or failures), behind whatever the workers are already running."""
         if not cmds:
             return
         if self.workers == 0:
@@ -490,27 +554,55 @@ class EnvPool:
                 cmd.ok, cmd.value = _execute(self._local, cmd.wire())[1:]
                 self._settle(cmd)
             return
-        self._ensure_workers()
-        queues: dict[int, deque[_Cmd]] = {}
-        for cmd in cmds:
-            queues.setdefault(self._episodes[cmd.eid].worker, deque()).append(cmd)
-        started: dict[int, float] = {}
+        self._guarded(self._enqueue, cmds)
+        while any(self._is_queued(c) for c in cmds):
+            self._guarded(self._pump, None)
+
+    def _guarded(self, fn: Any, *args: Any) -> None:
         try:
-            for w in list(queues):
-                if not self._procs[w].proc.is_alive():  # died while idle: no command to blame
-                    self._recover(w, queues, None, "")
-                self._send(w, queues, started)
-            while queues:
-                first = min(started[w] + queues[w][0].budget_s for w in queues)
-                handles = [h for w in queues for h in (self._procs[w].conn, self._procs[w].proc.sentinel)]
-                wait(handles, timeout=max(0.0, first - time.monotonic()))
-                for w in list(queues):
-                    self._poll(w, queues, started)
+            fn(*args)
         except (
             BaseException
         ):  # Ctrl-C, a worker that cannot restart: answers may be in flight, so stop it all
             self.close()
             raise
+
+    def _is_queued(self, cmd: _Cmd) -> bool:
+        return (
+            any(c is cmd for c in self._queues.get(self._episodes[cmd.eid].worker, ()))
+            if (cmd.eid in self._episodes)
+            else any(c is cmd for q in self._queues.values() for c in q)
+        )
+
+    def _enqueue(self, cmds: list[_Cmd]) -> None:
+        """Queue ``cmds`` on their episodes' workers and send them: an idle worker starts on them now, a busy one
+        after what it runs."""
+        self._ensure_workers()
+        queues, started = self._queues, self._started
+        new: dict[int, list[_Cmd]] = {}
+        for cmd in cmds:
+            new.setdefault(self._episodes[cmd.eid].worker, []).append(cmd)
+        for w, mine in new.items():
+            if w in queues:  # busy: its answers come in order, these after the rest
+                queues[w].extend(mine)
+                with contextlib.suppress(OSError):  # a dead worker is found by _poll
+                    self._procs[w].conn.send([c.wire() for c in mine])
+                continue
+            queues[w] = deque(mine)
+            if not self._procs[w].proc.is_alive():  # died while idle: no command to blame
+                self._recover(w, queues, None, "")
+            self._send(w, queues, started)
+
+    def _pump(self, timeout_s: float | None) -> None:
+        """Wait for the next answer, deadline or crash (at most ``timeout_s``) and take what came in."""
+        queues, started = self._queues, self._started
+        if not queues:
+            return
+        first = min(started[w] + queues[w][0].budget_s for w in queues) - time.monotonic()
+        handles = [h for w in queues for h in (self._procs[w].conn, self._procs[w].proc.sentinel)]
+        wait(handles, timeout=max(0.0, first if timeout_s is None else min(first, timeout_s)))
+        for w in list(queues):
+            self._poll(w, queues, started)
 
     def _send(self, w: int, queues: dict[int, deque[_Cmd]], started: dict[int, float]) -> None:
         started[w] = time.monotonic()

@@ -499,6 +499,9 @@ def run_episodes(
     images = ImageBudget(settings.max_images, settings.max_context_pixels, settings.image_rule)
     limits = _Limits(max_turns, settings.max_total_tokens, params.max_new_tokens, images, role, marker)
     live = [t for row in trajs for t in row if not t.end]
+    if settings.schedule == "continuous" and teacher is None:
+        _continuous(policy, engine, pool, live, params, limits, settings.min_ready)
+        return trajs
     turn = 0
     try:
         while live:
@@ -517,6 +520,41 @@ def run_episodes(
     finally:  # an engine failure leaves no episode open in the pool (ids no longer live are ignored)
         pool.close_episode(*[t.episode_id for t in live if not t.end])
     return trajs
+
+
+def _continuous(
+    policy: Policy,
+    engine: RolloutEngine,
+    pool: EnvPool,
+    live: list[Trajectory],
+    params: SamplingParams,
+    limits: _Limits,
+    min_ready: float,
+) -> None:
+    """The continuous schedule (docs/agents.md#continuous-episodes): episodes advance on their own. An engine call
+    takes every episode whose step is back, once they are ``min_ready`` of the unfinished ones or no step is
+    running; its steps are submitted at once, and the driver collects answers as they come in. Each episode's
+    turns are what the lockstep schedule would make of the same completions; only which episodes share an engine
+    call differs, so sampled runs are not reproducible across env timings."""
+    if not 0.0 < min_ready <= 1.0:
+        raise ValueError(f"rollout.episode.min_ready must be in (0, 1], got {min_ready}")
+    ready, stepping = list(live), {}
+    try:
+        while ready or stepping:
+            if ready and (not stepping or len(ready) >= min_ready * (len(ready) + len(stepping))):
+                for t, c in zip(ready, _generate(engine, [t.context() for t in ready], params)):
+                    t.add_completion(c)
+                pool.submit({t.episode_id: t.response_prefix + t.completions[-1].text for t in ready})
+                stepping.update((t.episode_id, t) for t in ready)
+                ready = []
+            for eid, res in pool.collect().items():
+                t = stepping.pop(eid)
+                if _after_step(policy, t, res, len(t.completions), limits):
+                    ready.append(t)
+                elif t.end not in ("done", "error"):
+                    pool.close_episode(eid)
+    finally:  # an engine failure leaves no episode open in the pool (a step in flight is dropped)
+        pool.close_episode(*[t.episode_id for t in [*ready, *stepping.values()] if not t.end])
 
 
 @dataclass(frozen=True)
