@@ -7,7 +7,8 @@ recipe unchanged but for its ``algo`` keys, trained from the shipped warm start 
 Per method and seed it prints the held-out ``success`` and ``step_accuracy`` (greedy episodes, the validator's:
 :mod:`agent_tiny`) before step 1 and after the last step; then one table row per method: final mean (min-max) and
 gain over the seeds. A method whose ``<out>/<method>/summary.json`` exists is read back, not rerun (so a long
-comparison can be run in parts); delete the folder to rerun it. Writes ``<out>/summary.json``.
+comparison can be run in parts), and so is a seed whose ``<out>/<method>/seed<S>-<steps>.json`` exists (run
+``--seeds 0`` for every method first, then the other seeds); delete the folder to rerun it. Writes ``<out>/summary.json``.
 """
 
 from __future__ import annotations
@@ -57,15 +58,22 @@ def main() -> None:
     for method in methods:
         folder = root / method
         done = folder / "summary.json"
-        if done.exists():
+        if done.exists() and [r["seed"] for r in json.loads(done.read_text())["runs"]] == args.seeds:
             table[method] = json.loads(done.read_text())
             print(f"{method}: read back from {done}", flush=True)
             continue
         args.overrides, args.out = [*METHODS[method], *extra], folder
         runs = []
         for seed in args.seeds:
+            kept = folder / f"seed{seed}-{steps}.json"  # one seed's result, so a comparison can span sessions
+            if kept.exists():
+                runs.append(json.loads(kept.read_text()))
+                print(f"{method} seed {seed}: read back from {kept}", flush=True)
+                continue
             r = run_one(recipe, seed, args, base, steps)
             runs.append(r)
+            folder.mkdir(parents=True, exist_ok=True)
+            kept.write_text(json.dumps(r, indent=1))
             parts = ", ".join(f"{n} {r[n][0]:.3f} -> {r[n][-1]:.3f}" for n in SERIES)
             print(
                 f"{method} seed {seed}: {parts}; wall {r['wall_s']:.0f} s, load {r['load_after']}", flush=True
