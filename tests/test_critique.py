@@ -131,5 +131,62 @@ def test_config_checks(tmp_path):
     with pytest.raises(ConfigError, match="interpolated proximal policy"):
         check_components(load_config(str(_recipe(tmp_path)), ["algo.old_logprobs=interpolate"]))
     with pytest.raises(ConfigError, match="critic must be"):
+        check_components(load_config(str(_recipe(tmp_path)), ["algo.augment_options={critic: oracle}"]))
+    with pytest.raises(ConfigError, match="needs the judge's options"):
         check_components(load_config(str(_recipe(tmp_path)), ["algo.augment_options={critic: judge}"]))
+    with pytest.raises(ConfigError, match="judge.model"):
+        check_components(
+            load_config(
+                str(_recipe(tmp_path)), ["algo.augment_options={critic: judge, judge: {model: nowhere}}"]
+            )
+        )
     assert CritiquePass().critic == "simple_gt"
+
+
+JUDGE = ROOT / "assets" / "tiny-judge"
+
+
+def test_a_judge_writes_the_critiques():
+    """The shipped tiny judge as the critic, with the template it was trained on: its verdict is its critique (a
+    real judge writes sentences; this one writes YES or NO), the record's question and reference filled in."""
+    from mmrl.recipes.medvqa import language
+    from mmrl.rewards.judge import DEFAULT_TEMPLATE
+    from mmrl.rewards.local_model import Loaded
+    from mmrl.train.critique import JudgeCritic, question_text
+
+    content = [{"type": "image"}, {"type": "text", "text": language.QUESTION}]
+    s = Sample("t", [{"role": "user", "content": content}], answer=["adipose tissue with tumour"])
+    assert question_text(s) == language.QUESTION
+    critic = JudgeCritic(model=str(JUDGE), template=DEFAULT_TEMPLATE, max_new_tokens=4)
+    try:
+        got = critic([(s, "<think>x</think><answer>fat containing a neoplasm</answer>"),
+                      (s, "<think>x</think><answer>fibrous stroma, no lesion</answer>")])  # fmt: skip
+    finally:
+        Loaded.clear()
+    assert got == ["YES", "NO"]
+
+
+def test_the_judge_critic_in_a_collector(tmp_path):
+    """critic: judge in a real collector: every refinement prompt holds the verdict sentence followed by the
+    judge's words (the reward pays only for that), and no critique fell back."""
+    from mmrl.rewards.judge import DEFAULT_TEMPLATE
+    from mmrl.rewards.local_model import Loaded
+    from mmrl.train.trainer import Trainer
+
+    template = DEFAULT_TEMPLATE.replace("\n", "\\n")  # inside a YAML double-quoted string
+    opts = f'{{critic: judge, judge: {{model: {JUDGE}, max_new_tokens: 4, template: "{template}"}}}}'
+    cfg = load_config(
+        str(_recipe(tmp_path)),
+        [
+            f"algo.augment_options={opts}",
+            "rewards=[{name: '" + PLUGIN + ":saw_hint', options: {needle: 'solution is incorrect. '}}]",
+        ],
+    )
+    trainer = Trainer(cfg, tmp_path / "run")
+    try:
+        got = trainer.collector.collect(1)
+        assert got.stats["critique/judge_failures"] == 0.0
+        assert got.stats["critique/refined_right"] == 1.0 and got.off_policy_rows == {0, 4}
+    finally:
+        trainer.collector.close()
+        Loaded.clear()

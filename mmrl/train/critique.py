@@ -10,9 +10,12 @@ are the refinement's, and the batch marks the row off-policy (``Collected.off_po
 reads it (``critique``, :mod:`mmrl.algos.critique`) shapes its tokens instead of taking a ratio. Its reward replaces
 the slot's, and the estimator (Dr. GRPO, ``dr_grpo``, in the paper) reads the group with it.
 
-Critics (``critic``): ``simple`` ("The generated solution is correct." / "... is incorrect.", by ``success_at``) and
-``simple_gt`` (the released script's default: adds "The ground truth is {answer}."). The paper's chain-of-thought
-critiques come from an external model; a judge critic is not implemented here.
+Critics (``critic``): ``simple`` ("The generated solution is correct." / "... is incorrect.", by ``success_at``),
+``simple_gt`` (the released script's default: adds "The ground truth is {answer}.") and ``judge``: the paper's
+natural-language critiques, written by a judge model (:class:`JudgeCritic`, options under ``judge``: the ``judge``
+reward's model settings plus ``template``), after the ``simple`` verdict sentence; a critique the judge does not
+write in time, or writes empty, falls back to the verdict sentence alone and is counted in
+``critique/judge_failures``.
 
 Stats: ``critique/extra_samples`` (refinements generated), ``critique/refined_right`` (share of refinements that reach
 ``success_at``), ``critique/fixed`` (share of wrong responses whose refinement is right), ``critique/placed``.
@@ -35,9 +38,86 @@ INSTRUCTION = (
 )
 
 
+JUDGE_TEMPLATE = (
+    "Question: {question}\n"
+    "Reference answer: {reference}\n"
+    "Candidate answer: {response}\n"
+    "Critique the candidate answer in one or two sentences: say what is wrong or missing, without writing the "
+    "corrected answer."
+)
+
+
+class JudgeCritic:
+    """Critiques written by a judge model: the ``judge`` reward's loader and engines (one copy per process, shared
+    with a ``judge`` or ``arena`` reward that names the same folder and settings), greedy, ``max_new_tokens`` at
+    most. ``template`` (fields ``{question}``, ``{reference}``, ``{response}``) is one user turn; with ``use_image``
+    the judge, a VLM, sees the record's images first."""
+
+    def __init__(
+        self,
+        *,
+        model: str = "",
+        engine: str = "hf",
+        template: str = JUDGE_TEMPLATE,
+        use_image: bool = False,
+        chat_template_kwargs: dict | None = None,
+        max_new_tokens: int = 96,
+        batch_size: int = 16,
+        timeout_s: float = 120.0,
+        device: str = "auto",
+        dtype: str = "auto",
+        offload: bool = False,
+        gpu_memory_utilization: float = 0.3,
+    ):
+        from mmrl.rewards.local_model import check_model_folder
+
+        check_model_folder("critique", "judge.model", model)
+        try:
+            template.format(question="", reference="", response="")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(
+                f"augment 'critique': judge.template: {type(e).__name__} {e} (its fields: {{question}}, "
+                "{reference}, {response}; write a literal brace twice)"
+            ) from None
+        self.model, self.engine, self.template, self.use_image = model, engine, template, use_image
+        self.kwargs = chat_template_kwargs or {}
+        self.max_new_tokens, self.batch_size, self.timeout_s = max_new_tokens, batch_size, timeout_s
+        self.load = (model, engine, device, dtype, use_image, offload, gpu_memory_utilization)
+
+    def __call__(self, items: list[tuple[Sample, str]]) -> list[str | None]:
+        """One critique per (record, response text); None where the judge wrote nothing in time."""
+        from mmrl.rewards.judge import load_judge
+        from mmrl.rewards.local_model import clean_reference, open_images
+        from mmrl.rewards.text import answer_text
+
+        judge = load_judge(*self.load)
+        prompts = []
+        for sample, text in items:
+            refs = clean_reference(sample.answer)
+            user = self.template.format(
+                question=question_text(sample), reference=refs[0] if refs else "", response=answer_text(text)
+            )
+            images = open_images(sample.images, sample.id) if self.use_image else []
+            prompts.append((judge.render(user, len(images), self.kwargs), images))
+        out = judge.generate(prompts, self.max_new_tokens, self.batch_size, self.timeout_s)
+        return [None if g is None or not g.text.strip() else g.text.strip() for g in out]
+
+
+def question_text(sample: Sample) -> str:
+    """``metadata["question"]``, else the text of the record's last user turn."""
+    q = sample.metadata.get("question")
+    if q:
+        return str(q)
+    users = [m for m in sample.messages if m.get("role") == "user"]
+    content = users[-1]["content"] if users else ""
+    if isinstance(content, str):
+        return content.replace("<image>", "").replace("<video>", "").strip()
+    return " ".join(p.get("text", "") for p in content if p.get("type") == "text").strip()
+
+
 def critique_text(critic: str, right: bool, answer: Any) -> str:
     verdict = f"The generated solution is {'correct' if right else 'incorrect'}."
-    if critic == "simple":
+    if critic in ("simple", "judge"):
         return verdict
     return f"{verdict} The ground truth is {answer}."
 
@@ -64,12 +144,19 @@ class CritiquePass(Augmenter):
         success_at: float = 1.0,
         slots: int = 1,
         instruction: str = INSTRUCTION,
+        judge: dict | None = None,
     ):
-        if critic not in ("simple", "simple_gt"):
+        if critic not in ("simple", "simple_gt", "judge"):
             raise ValueError(
-                f"augment 'critique': critic must be 'simple' or 'simple_gt' (algo.augment_options.critic), got "
-                f"{critic!r}"
+                "augment 'critique': critic must be 'simple', 'simple_gt' or 'judge' (algo.augment_options.critic), "
+                f"got {critic!r}"
             )
+        if (critic == "judge") != bool(judge):
+            raise ValueError(
+                "augment 'critique': critic 'judge' needs the judge's options (algo.augment_options.judge: {model: "
+                "...}), and only it takes them"
+            )
+        self.judge = JudgeCritic(**judge) if judge else None
         if slots < 1:
             raise ValueError(f"augment 'critique': slots must be >= 1, got {slots}")
         self.critic, self.success_at, self.slots, self.instruction = critic, success_at, slots, instruction
@@ -101,16 +188,17 @@ class CritiquePass(Augmenter):
     def __call__(self, collector: Any, got: Any) -> Any:
         got.resolve()
         B, G = got.rewards.shape
-        asks, right_before = [], []
+        asks, right_before, items = [], [], []
         for b in range(B):
-            s = got.samples[b]
             for g in range(G):
-                right = float(got.rewards[b, g]) >= self.success_at
-                right_before.append(right)
-                text = got.trajectories[b][g].last_completion().text
-                asks.append(
-                    refinement_sample(s, text, critique_text(self.critic, right, s.answer), self.instruction)
-                )
+                right_before.append(float(got.rewards[b, g]) >= self.success_at)
+                items.append((got.samples[b], got.trajectories[b][g].last_completion().text))
+        written = self.judge(items) if self.judge is not None else [None] * len(items)
+        for (s, text), right, extra in zip(items, right_before, written):
+            critique = critique_text(self.critic, right, s.answer)
+            asks.append(
+                refinement_sample(s, text, f"{critique} {extra}" if extra else critique, self.instruction)
+            )
         # one-off prompts: not through the prompt cache, which holds the dataset's
         trajs, rewards, results = collector.rollout(
             asks, replace(collector.sampling_params(), n=1), cache=False
@@ -138,4 +226,6 @@ class CritiquePass(Augmenter):
             "critique/fixed": sum(good[i] for i in wrong) / len(wrong) if wrong else 0.0,
             "critique/placed": float(placed),
         }
+        if self.judge is not None:
+            got.stats["critique/judge_failures"] = float(sum(w is None for w in written))
         return got
