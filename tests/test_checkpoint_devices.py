@@ -44,3 +44,32 @@ def test_a_checkpoint_saved_from_a_gpu_rank_resumes_on_the_cpu(tmp_path):
     for k, v in saved.items():
         assert restored[k].device.type == "cpu"
         assert torch.equal(restored[k], v), k
+
+
+def test_the_resumed_rate_follows_this_runs_schedule(tmp_path):
+    """A cosine schedule over 2 steps ends at rate 0; resumed with a schedule over 4 steps, the next step's rate is
+    the new schedule's at step 2 (0.5 * (1 + cos(pi / 2)) = 0.5 of the base), not the stale 0 the optimizer state
+    holds. With the same schedule it is the saved rate, bit for bit."""
+    from mmrl.config import load_config
+    from mmrl.train.trainer import build_scheduler
+
+    def run(total):
+        w = torch.nn.Parameter(torch.ones(2))
+        opt = torch.optim.SGD([w], lr=0.3)
+        cfg = load_config(None, ["optim.scheduler=cosine", f"train.max_steps={total}"])
+        return opt, build_scheduler(opt, cfg)
+
+    opt, sched = run(2)
+    for _ in range(2):
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == 0.0
+    ck = save_checkpoint(tmp_path, 2, policy=_Saved(), optimizer=opt, scheduler=sched, state={})
+    longer, longer_sched = run(4)
+    load_training_state(ck, longer, longer_sched)
+    assert longer.param_groups[0]["lr"] == pytest.approx(0.3 * 0.5) and longer_sched.get_last_lr() == [
+        longer.param_groups[0]["lr"]
+    ]
+    same, same_sched = run(2)
+    load_training_state(ck, same, same_sched)
+    assert same.param_groups[0]["lr"] == opt.param_groups[0]["lr"]

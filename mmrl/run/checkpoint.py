@@ -161,6 +161,15 @@ def load_training_state(
     else:
         optimizer.load_state_dict(_load(path / "optimizer.pt"))
     scheduler.load_state_dict(_load(path / "scheduler.pt"))
+    # The next step's rate follows THIS run's schedule: the optimizer state holds the rate the saved run's schedule
+    # set after its last step, which differs when the schedule's length changed (a run stopped early with a
+    # smaller --max-steps and resumed further). With the same settings this is the saved rate, bit for bit.
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas is not None:
+        rates = [base * f(scheduler.last_epoch) for base, f in zip(scheduler.base_lrs, lambdas)]
+        for group, lr in zip(optimizer.param_groups, rates):
+            group["lr"] = lr
+        scheduler._last_lr = rates
     rng = path / ("rng.pt" if rank == 0 else f"rng-{rank}.pt")
     if not rng.exists():
         raise FileNotFoundError(
