@@ -58,6 +58,9 @@ def rollout_stats(got: Collected) -> dict[str, float]:
         "response_length/max": max(lens),
         "rollout/truncated_frac": sum(c.finish_reason == "length" for c in comps) / len(lens),
         "rollout/groups_with_signal": groups_with_signal(got.rewards).float().mean().item(),
+        # the spread of a group's rewards (population std, mean over groups): how much a group's scores separate
+        # its responses, which a reward that compresses them (a pointwise judge) keeps small
+        "rollout/group_reward_std": got.rewards.std(dim=1, correction=0).mean().item(),
     }
 
 
