@@ -134,6 +134,15 @@ def test_config_checks(tmp_path):
         check_components(load_config(str(_recipe(tmp_path)), ["algo.augment_options={critic: oracle}"]))
     with pytest.raises(ConfigError, match="needs the judge's options"):
         check_components(load_config(str(_recipe(tmp_path)), ["algo.augment_options={critic: judge}"]))
+    with pytest.raises(ConfigError, match="must contain"):
+        check_components(
+            load_config(
+                str(_recipe(tmp_path)),
+                [
+                    f"algo.augment_options={{critic: judge, judge: {{model: {JUDGE}, template: 'Grade {{verdict}}'}}}}"
+                ],
+            )
+        )
     with pytest.raises(ConfigError, match="judge.model"):
         check_components(
             load_config(
@@ -157,10 +166,10 @@ def test_a_judge_writes_the_critiques():
     content = [{"type": "image"}, {"type": "text", "text": language.QUESTION}]
     s = Sample("t", [{"role": "user", "content": content}], answer=["adipose tissue with tumour"])
     assert question_text(s) == language.QUESTION
-    critic = JudgeCritic(model=str(JUDGE), template=DEFAULT_TEMPLATE, max_new_tokens=4)
+    critic = JudgeCritic(model=str(JUDGE), template=DEFAULT_TEMPLATE, answer_only=True, max_new_tokens=4)
     try:
-        got = critic([(s, "<think>x</think><answer>fat containing a neoplasm</answer>"),
-                      (s, "<think>x</think><answer>fibrous stroma, no lesion</answer>")])  # fmt: skip
+        got = critic([(s, "<think>x</think><answer>fat containing a neoplasm</answer>", True),
+                      (s, "<think>x</think><answer>fibrous stroma, no lesion</answer>", False)])  # fmt: skip
     finally:
         Loaded.clear()
     assert got == ["YES", "NO"]
@@ -174,7 +183,7 @@ def test_the_judge_critic_in_a_collector(tmp_path):
     from mmrl.train.trainer import Trainer
 
     template = DEFAULT_TEMPLATE.replace("\n", "\\n")  # inside a YAML double-quoted string
-    opts = f'{{critic: judge, judge: {{model: {JUDGE}, max_new_tokens: 4, template: "{template}"}}}}'
+    opts = f'{{critic: judge, judge: {{model: {JUDGE}, max_new_tokens: 4, answer_only: true, template: "{template}"}}}}'
     cfg = load_config(
         str(_recipe(tmp_path)),
         [

@@ -88,6 +88,27 @@ def test_submit_collect_returns_answers_as_they_come(picture, tmp_path):
         assert pool.step({"fast": "c"})["fast"].done  # step 3 of 3
 
 
+def test_steps_for_a_busy_worker_wait_on_this_side(picture, tmp_path):
+    """A worker reads a message only between batches: steps submitted while it runs one are held here and sent
+    when it is done. Sent at once, 60 actions of 10 KB (more than a pipe holds) would block submit() until the
+    hanging step ended, so the step would already be in when submit() returned."""
+    slow = _sample("slow", picture, hang=True)
+    fast = [_sample(f"f{i}", picture) for i in range(60)]
+    with EnvPool(tmp_path, workers=1, timeout_s=30) as pool:
+        pool.reset([(s.id, "test_pictures", {"hang_s": 2.0}, s) for s in [slow, *fast]])
+        pool.submit({"slow": "a"})
+        pool.submit({s.id: "x" * 10_000 for s in fast})
+        assert pool.collect(timeout_s=0.0) == {} and pool.in_flight == 61
+        with pytest.raises(ValueError, match="in flight"):
+            pool.step({"f0": "b"})  # a second step of an episode whose first is not back
+        got = {}
+        while pool.in_flight:
+            got |= pool.collect()
+        assert sorted(got) == sorted(["slow", *[s.id for s in fast]])
+        assert all(r.observation.state_key == f"{eid}:1" for eid, r in got.items())
+        assert all(r.info["action_chars"] == 10_000 for eid, r in got.items() if eid != "slow")
+
+
 def test_a_step_past_its_deadline_comes_back_as_an_error(picture, tmp_path):
     samples = [_sample("slow", picture, hang=True), _sample("fast", picture)]
     with EnvPool(tmp_path, workers=2, timeout_s=1.0) as pool:

@@ -26,6 +26,10 @@ Failures never stop training and nothing waits forever:
 - ``workers=0`` runs the envs in this process (tests, debugging): exceptions are caught the same way, but there are
   no deadlines (a hung env hangs the caller) and no crash recovery.
 
+:meth:`EnvPool.submit` starts steps without waiting and :meth:`EnvPool.collect` returns them as they come in (the
+continuous episode schedule); a worker still running earlier commands gets the new ones once it has answered those,
+so the pipe never fills both ways. The deadlines and the recovery are the same.
+
 :meth:`EnvPool.oracle` asks live episodes' envs for their next correct action (:meth:`mmrl.envs.Env.oracle`) in
 their workers, in parallel, with the same deadlines and recovery; it changes no episode. Unlike a step, a failing
 oracle (an env without one, an exception) raises to the caller, naming the env and the episode: it is a bug or a
@@ -329,6 +333,9 @@ class EnvPool:
         # commands sent and not yet answered, per worker, in the order it runs them, and when it started the first
         self._queues: dict[int, deque[_Cmd]] = {}
         self._started: dict[int, float] = {}
+        # the tail of a busy worker's queue, held back until it has answered what it was sent: a worker reads a
+        # message only between batches, so sending more to a busy one could fill the pipe both ways (a deadlock)
+        self._unsent: dict[int, list[_Cmd]] = {}
         self._submitted: list[_Cmd] = []  # steps started by submit(), until collect() returns them
         self._answered: dict[
             str, StepResult
@@ -390,6 +397,7 @@ class EnvPool:
         unknown = [eid for eid in actions if eid not in self._episodes and eid not in self._ended]
         if unknown:
             raise KeyError(f"episode {unknown[0]!r} is not live (never reset, closed, or already done)")
+        self._not_in_flight(actions)
         out = {eid: self._ended.pop(eid) for eid in actions if eid in self._ended}
         cmds = [
             _Cmd("step", eid, str(text), self.timeout_s) for eid, text in actions.items() if eid not in out
@@ -407,9 +415,7 @@ class EnvPool:
         unknown = [eid for eid in actions if eid not in self._episodes and eid not in self._ended]
         if unknown:
             raise KeyError(f"episode {unknown[0]!r} is not live (never reset, closed, or already done)")
-        busy = {c.eid for c in self._submitted} & set(actions)
-        if busy:
-            raise ValueError(f"episode {sorted(busy)[0]!r} already has a step in flight; collect() it first")
+        self._not_in_flight(actions)
         for eid in [e for e in actions if e in self._ended]:
             self._answered[eid] = self._ended.pop(eid)
         cmds = [
@@ -422,6 +428,11 @@ class EnvPool:
             self._run(cmds)
         else:
             self._guarded(self._enqueue, cmds)
+
+    def _not_in_flight(self, episode_ids: Any) -> None:
+        busy = ({c.eid for c in self._submitted} | set(self._answered)) & set(episode_ids)
+        if busy:
+            raise ValueError(f"episode {sorted(busy)[0]!r} already has a step in flight; collect() it first")
 
     @property
     def in_flight(self) -> int:
@@ -457,6 +468,7 @@ class EnvPool:
         unknown = [eid for eid in episode_ids if eid not in self._episodes and eid not in self._ended]
         if unknown:
             raise KeyError(f"episode {unknown[0]!r} is not live (never reset, closed, or already done)")
+        self._not_in_flight(episode_ids)
         out: dict[str, str | None] = {eid: None for eid in episode_ids if eid in self._ended}
         cmds = [
             _Cmd("oracle", eid, None, self.timeout_s) for eid in dict.fromkeys(episode_ids) if eid not in out
@@ -477,8 +489,9 @@ class EnvPool:
 
     def close_episode(self, *episode_ids: str) -> None:
         """Close live episodes (ids that are not live are ignored): their envs' ``close`` runs in their workers
-        (after a step still running there; its result is dropped)."""
-        self._check_open()
+        (after a step still running there; its result is dropped). Nothing to do once the pool is closed."""
+        if self._closed:  # closed (Ctrl-C in a wait closes it): every episode went with it
+            return
         for eid in episode_ids:
             self._ended.pop(eid, None)
             self._answered.pop(eid, None)
@@ -497,6 +510,7 @@ class EnvPool:
         self._episodes.clear()
         self._ended.clear()
         self._queues.clear()
+        self._unsent.clear()
         self._submitted.clear()
         self._answered.clear()
         self._finalizer()
@@ -583,10 +597,9 @@ class EnvPool:
         for cmd in cmds:
             new.setdefault(self._episodes[cmd.eid].worker, []).append(cmd)
         for w, mine in new.items():
-            if w in queues:  # busy: its answers come in order, these after the rest
+            if w in queues:  # busy: its answers come in order, these after the rest, sent once it is done
                 queues[w].extend(mine)
-                with contextlib.suppress(OSError):  # a dead worker is found by _poll
-                    self._procs[w].conn.send([c.wire() for c in mine])
+                self._unsent.setdefault(w, []).extend(mine)
                 continue
             queues[w] = deque(mine)
             if not self._procs[w].proc.is_alive():  # died while idle: no command to blame
@@ -605,7 +618,9 @@ class EnvPool:
             self._poll(w, queues, started)
 
     def _send(self, w: int, queues: dict[int, deque[_Cmd]], started: dict[int, float]) -> None:
+        """Send worker ``w`` (idle or fresh) its whole queue."""
         started[w] = time.monotonic()
+        self._unsent.pop(w, None)
         if not queues[w]:
             del queues[w]
             return
@@ -626,6 +641,11 @@ class EnvPool:
                 started[w] = time.monotonic()
         except (EOFError, OSError):
             crashed = True
+        unsent = self._unsent.get(w)
+        if unsent and not crashed and len(queue) == len(unsent):  # it answered all it was sent: now the rest
+            del self._unsent[w]
+            with contextlib.suppress(OSError):  # a dead worker is found below
+                worker.conn.send([c.wire() for c in unsent])
         if not queue:
             del queues[w]
             return

@@ -538,7 +538,7 @@ def _continuous(
     call differs, so sampled runs are not reproducible across env timings."""
     if not 0.0 < min_ready <= 1.0:
         raise ValueError(f"rollout.episode.min_ready must be in (0, 1], got {min_ready}")
-    ready, stepping = list(live), {}
+    ready, stepping, ended = list(live), {}, []
     try:
         while ready or stepping:
             if ready and (not stepping or len(ready) >= min_ready * (len(ready) + len(stepping))):
@@ -548,13 +548,16 @@ def _continuous(
                 stepping.update((t.episode_id, t) for t in ready)
                 ready = []
             for eid, res in pool.collect().items():
-                t = stepping.pop(eid)
-                if _after_step(policy, t, res, len(t.completions), limits):
+                t = stepping[eid]
+                going = _after_step(policy, t, res, len(t.completions), limits)
+                del stepping[eid]  # only now: an exception above leaves it to the cleanup below
+                if going:
                     ready.append(t)
                 elif t.end not in ("done", "error"):
-                    pool.close_episode(eid)
+                    ended.append(eid)  # closed after the loop: a close waits behind its worker's queued steps
     finally:  # an engine failure leaves no episode open in the pool (a step in flight is dropped)
-        pool.close_episode(*[t.episode_id for t in [*ready, *stepping.values()] if not t.end])
+        left = [t.episode_id for t in [*ready, *stepping.values()] if not t.end]
+        pool.close_episode(*ended, *left)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ Stats: ``critique/extra_samples`` (refinements generated), ``critique/refined_ri
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from mmrl.algos.losses import LOSSES
@@ -42,16 +43,18 @@ JUDGE_TEMPLATE = (
     "Question: {question}\n"
     "Reference answer: {reference}\n"
     "Candidate answer: {response}\n"
-    "Critique the candidate answer in one or two sentences: say what is wrong or missing, without writing the "
-    "corrected answer."
+    "The candidate answer was graded {verdict}. Critique it in one or two sentences: say what is wrong or missing "
+    "(or, when it is correct, what makes it so), without writing the corrected answer."
 )
 
 
 class JudgeCritic:
     """Critiques written by a judge model: the ``judge`` reward's loader and engines (one copy per process, shared
     with a ``judge`` or ``arena`` reward that names the same folder and settings), greedy, ``max_new_tokens`` at
-    most. ``template`` (fields ``{question}``, ``{reference}``, ``{response}``) is one user turn; with ``use_image``
-    the judge, a VLM, sees the record's images first."""
+    most. ``template`` (fields ``{question}``, ``{reference}``, ``{response}`` and ``{verdict}``: ``correct`` or
+    ``incorrect`` by the run's reward) is one user turn, text or a .txt/.md file; with ``use_image`` the judge, a
+    VLM, sees the record's images first; ``answer_only``: ``{response}`` is the ``<answer>`` content (else the
+    whole response, reasoning included)."""
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class JudgeCritic:
         model: str = "",
         engine: str = "hf",
         template: str = JUDGE_TEMPLATE,
+        answer_only: bool = False,
         use_image: bool = False,
         chat_template_kwargs: dict | None = None,
         max_new_tokens: int = 96,
@@ -72,30 +76,41 @@ class JudgeCritic:
         from mmrl.rewards.local_model import check_model_folder
 
         check_model_folder("critique", "judge.model", model)
+        if template.endswith((".txt", ".md")) and "\n" not in template:
+            path = Path(template).expanduser()
+            if not path.is_file():
+                raise ValueError(f"augment 'critique': judge.template: file not found: {template}")
+            template = path.read_text()
+        if "{response}" not in template:
+            raise ValueError("augment 'critique': judge.template must contain {response}")
         try:
-            template.format(question="", reference="", response="")
+            template.format(question="", reference="", response="", verdict="")
         except (KeyError, IndexError, ValueError) as e:
             raise ValueError(
                 f"augment 'critique': judge.template: {type(e).__name__} {e} (its fields: {{question}}, "
-                "{reference}, {response}; write a literal brace twice)"
+                "{reference}, {response}, {verdict}; write a literal brace twice)"
             ) from None
         self.model, self.engine, self.template, self.use_image = model, engine, template, use_image
+        self.answer_only = answer_only
         self.kwargs = chat_template_kwargs or {}
         self.max_new_tokens, self.batch_size, self.timeout_s = max_new_tokens, batch_size, timeout_s
         self.load = (model, engine, device, dtype, use_image, offload, gpu_memory_utilization)
 
-    def __call__(self, items: list[tuple[Sample, str]]) -> list[str | None]:
-        """One critique per (record, response text); None where the judge wrote nothing in time."""
+    def __call__(self, items: list[tuple[Sample, str, bool]]) -> list[str | None]:
+        """One critique per (record, response text, graded right); None where the judge wrote nothing in time."""
         from mmrl.rewards.judge import load_judge
         from mmrl.rewards.local_model import clean_reference, open_images
         from mmrl.rewards.text import answer_text
 
         judge = load_judge(*self.load)
         prompts = []
-        for sample, text in items:
+        for sample, text, right in items:
             refs = clean_reference(sample.answer)
             user = self.template.format(
-                question=question_text(sample), reference=refs[0] if refs else "", response=answer_text(text)
+                question=question_text(sample),
+                reference=refs[0] if refs else "",
+                response=answer_text(text) if self.answer_only else text.strip(),
+                verdict="correct" if right else "incorrect",
             )
             images = open_images(sample.images, sample.id) if self.use_image else []
             prompts.append((judge.render(user, len(images), self.kwargs), images))
@@ -191,10 +206,11 @@ class CritiquePass(Augmenter):
         asks, right_before, items = [], [], []
         for b in range(B):
             for g in range(G):
-                right_before.append(float(got.rewards[b, g]) >= self.success_at)
-                items.append((got.samples[b], got.trajectories[b][g].last_completion().text))
+                right = float(got.rewards[b, g]) >= self.success_at
+                right_before.append(right)
+                items.append((got.samples[b], got.trajectories[b][g].last_completion().text, right))
         written = self.judge(items) if self.judge is not None else [None] * len(items)
-        for (s, text), right, extra in zip(items, right_before, written):
+        for (s, text, right), extra in zip(items, written):
             critique = critique_text(self.critic, right, s.answer)
             asks.append(
                 refinement_sample(s, text, f"{critique} {extra}" if extra else critique, self.instruction)
