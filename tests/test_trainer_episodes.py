@@ -115,6 +115,9 @@ def test_env_preflight_names_the_field(tmp_path):
     cfg.rollout.episode.max_turns = 0
     with pytest.raises(ConfigError, match="rollout.episode.max_turns must be at least 1"):
         check_config(cfg)
+    cfg = load_config(str(_recipe(tmp_path, extra=", schedule: continuous, min_ready: 0")))
+    with pytest.raises(ConfigError, match=r"rollout.episode.min_ready must be in \(0, 1\]"):
+        check_config(cfg)
     cfg = load_config(str(_recipe(tmp_path, more="rewards: [{name: exact_match}]")))
     cfg.rollout.env = None
     with pytest.raises(ConfigError, match="rollout.episode is set without rollout.env"):

@@ -212,6 +212,8 @@ def validate_episode_settings(name: str, settings: EpisodeConfig, max_new_tokens
         raise ValueError(
             f"env_workers must be >= 0 and env_timeout_s > 0; got {s.env_workers}, {s.env_timeout_s}"
         )
+    if not 0.0 < s.min_ready <= 1.0:
+        raise ValueError(f"min_ready must be in (0, 1] (1: lockstep again), got {s.min_ready}")
     if max_new_tokens is not None and s.max_total_tokens is not None and s.max_total_tokens <= max_new_tokens:
         raise ValueError(
             f"max_total_tokens ({s.max_total_tokens}) leaves no room for a prompt and one turn of max_new_tokens "
