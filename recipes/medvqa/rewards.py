@@ -7,7 +7,8 @@ only synthetic data allows, because the truth of every answer is known there:
   answers, which drift during training away from anything the judge was trained on.
 
 Neither part changes the score the policy is trained on. The GPU variant uses ``medix`` itself (real data has no
-oracle).
+oracle). ``medvqa_oracle`` is the ``oracle`` part alone as a reward: the ``truth`` that the tournament variant
+(``tiny-arena.yaml``) logs beside its ranks.
 """
 
 from __future__ import annotations
@@ -36,4 +37,15 @@ def medix_with_oracle(
         oracle = float(read(strip_tag(answer_text(x.response), "modality")) == truth)
         agrees = float(r.parts["judge"] == oracle and not r.parts["judge_unparseable"])
         out.append(RewardResult(score=r.score, parts={**r.parts, "oracle": oracle, "judge_agrees": agrees}))
+    return out
+
+
+@register_reward("medvqa_oracle")
+def medvqa_oracle(batch: list[RewardInput]) -> list[RewardResult]:
+    """1 when the answer names exactly the tile's tissue and lesion (``metadata``), as :func:`language.read` reads
+    it; 0 otherwise."""
+    out = []
+    for x in batch:
+        truth = (x.metadata["tissue"], x.metadata["lesion"])
+        out.append(RewardResult(score=float(read(strip_tag(answer_text(x.response), "modality")) == truth)))
     return out

@@ -144,7 +144,7 @@ def _finding(rng: random.Random) -> tuple[str, str]:
     return rng.choice(language.TISSUES), lesion
 
 
-def _degenerate(tissue: str, lesion: str, rng: random.Random, fillers: list[str]) -> str:
+def degenerate(tissue: str, lesion: str, rng: random.Random, fillers: list[str]) -> str:
     """Empty, the tissue alone (a lesion is present), the lesion alone, or word salad."""
     kind = rng.choice(["empty", "tissue", "lesion", "salad"] if lesion != "none" else ["empty", "salad"])
     if kind == "empty":
@@ -158,7 +158,7 @@ def _degenerate(tissue: str, lesion: str, rng: random.Random, fillers: list[str]
     return " ".join(rng.sample(words, rng.randint(2, 5)))
 
 
-def _perturb(text: str, rng: random.Random, fillers: list[str]) -> str:
+def perturb(text: str, rng: random.Random, fillers: list[str]) -> str:
     """What a policy's answer may look like around the same words."""
     if rng.random() < 0.15:  # before or after, never inside a term
         filler = rng.choice(fillers)
@@ -185,7 +185,7 @@ def make_pairs(n: int, seed: int, *, held_apart: bool) -> list[Pair]:
         )
         draw = rng.random()
         if draw < 0.1:
-            kind, candidate = "degenerate", _degenerate(tissue, lesion, rng, fillers)
+            kind, candidate = "degenerate", degenerate(tissue, lesion, rng, fillers)
         else:
             kind = "paraphrase" if draw < 0.55 else "contradiction"
             finding = (
@@ -193,7 +193,7 @@ def make_pairs(n: int, seed: int, *, held_apart: bool) -> list[Pair]:
             )
             candidate = language.describe(*finding, rng, held_apart=held_apart)
             if not held_apart:
-                candidate = _perturb(candidate, rng, fillers)
+                candidate = perturb(candidate, rng, fillers)
         label = language.read(candidate) == (tissue, lesion)
         pairs.append(Pair(language.QUESTION, reference, candidate, label, kind))
     return pairs
@@ -279,7 +279,7 @@ class JudgeExample:
     targets: list[tuple[int, int]]  # (position whose next-token logits are scored, target id); verdict first
 
 
-def _reading_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, dict[Any, int]]:
+def reading_ids(tokenizer: PreTrainedTokenizerFast) -> dict[str, dict[Any, int]]:
     """The first token of each reading word; distinct within a slot."""
     out = {}
     for slot, words in READING_WORDS.items():
@@ -296,7 +296,7 @@ def judge_examples(tokenizer: PreTrainedTokenizerFast, pairs: list[Pair]) -> lis
     the reference's (tissue, lesion) at the two template tokens that end its line (the line break, "Candidate") and
     the candidate's at the two that end its own (the line break, "Does")."""
     prompts = tokenizer([judge_prompt(tokenizer, p) for p in pairs], add_special_tokens=False)["input_ids"]
-    reading = _reading_ids(tokenizer)
+    reading = reading_ids(tokenizer)
     candidate, does = (tokenizer(m, add_special_tokens=False)["input_ids"][0] for m in ("Candidate", "Does"))
     eos = tokenizer.convert_tokens_to_ids(EOS)
     verdict = {v: tokenizer(VERDICTS[v], add_special_tokens=False)["input_ids"] for v in VERDICTS}
@@ -314,11 +314,7 @@ def judge_examples(tokenizer: PreTrainedTokenizerFast, pairs: list[Pair]) -> lis
 def _judge_loss(model: Qwen2ForCausalLM, batch: list[JudgeExample], pad_id: int, reading: float) -> tuple:
     """(verdict loss, reading loss, weighted sum): cross-entropy of the next-token logits at the target
     positions; the verdict targets are the first two of each example."""
-    width = max(len(x.ids) for x in batch)
-    ids = torch.full((len(batch), width), pad_id)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for i, x in enumerate(batch):
-        ids[i, : len(x.ids)], mask[i, : len(x.ids)] = torch.tensor(x.ids), 1
+    ids, mask = padded([x.ids for x in batch], pad_id)
     hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, T, H]
     rows = torch.tensor([[i] * len(x.targets) for i, x in enumerate(batch)])  # [B, 6]
     pos = torch.tensor([[p for p, _ in x.targets] for x in batch])  # [B, 6]
@@ -329,7 +325,52 @@ def _judge_loss(model: Qwen2ForCausalLM, batch: list[JudgeExample], pad_id: int,
     return verdict_loss, reading_loss, verdict_loss + reading * reading_loss
 
 
-def _schedule(opt: torch.optim.Optimizer, steps: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
+def padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and their attention mask."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+    return ids, mask
+
+
+def fit(
+    model: Qwen2ForCausalLM,
+    examples: list[Any],
+    loss_fn: Any,
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    reading_share: float,
+    pad_id: int,
+    label: str,
+) -> Qwen2ForCausalLM:
+    """The judges' training loop: AdamW, warm-up then cosine, ``batch`` examples a step, each seen once, the
+    reading loss on for the first ``reading_share`` of the steps; ``loss_fn(model, batch, pad_id, reading)``
+    returns (verdict loss, reading loss, total)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    sched = schedule(opt, steps, warmup=30)
+    model.train()
+    for step in range(steps):
+        rows = examples[step * batch : (step + 1) * batch]
+        reading = 1.0 if step < reading_share * steps else 0.0
+        verdict_loss, reading_loss, loss = loss_fn(model, rows, pad_id, reading)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 100 == 0 or step == steps - 1:
+            print(
+                f"{label} step {step}: verdict loss {verdict_loss.item():.4f}, reading {reading_loss.item():.4f}",
+                flush=True,
+            )
+    return model.eval()
+
+
+def schedule(opt: torch.optim.Optimizer, steps: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up, then cosine decay to a tenth."""
 
     def factor(step: int) -> float:
@@ -340,7 +381,7 @@ def _schedule(opt: torch.optim.Optimizer, steps: int, warmup: int) -> torch.opti
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def _fresh_judge(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
+def fresh_judge(tokenizer: PreTrainedTokenizerFast, seed: int) -> Qwen2ForCausalLM:
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIALS}
     config = Qwen2Config(
         **JUDGE_ARCH,
@@ -361,25 +402,17 @@ def train_judge(tokenizer: PreTrainedTokenizerFast, budget: Budget, seed: int) -
     """A fresh judge trained on ``budget.judge_steps * budget.judge_batch`` training pairs, each seen once; the
     reading loss is on for the first ``budget.reading_share`` of the steps (see the module docstring)."""
     pairs = make_pairs(budget.judge_steps * budget.judge_batch, seed, held_apart=False)
-    examples = judge_examples(tokenizer, pairs)
-    model = _fresh_judge(tokenizer, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=budget.judge_lr, weight_decay=0.01, betas=(0.9, 0.98))
-    sched = _schedule(opt, budget.judge_steps, warmup=30)
-    model.train()
-    for step in range(budget.judge_steps):
-        batch = examples[step * budget.judge_batch : (step + 1) * budget.judge_batch]
-        reading = 1.0 if step < budget.reading_share * budget.judge_steps else 0.0
-        verdict_loss, reading_loss, loss = _judge_loss(model, batch, tokenizer.pad_token_id, reading)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 100 == 0 or step == budget.judge_steps - 1:
-            print(
-                f"judge step {step}: verdict loss {verdict_loss.item():.4f}, reading {reading_loss.item():.4f}"
-            )
-    return model.eval()
+    return fit(
+        fresh_judge(tokenizer, seed),
+        judge_examples(tokenizer, pairs),
+        _judge_loss,
+        steps=budget.judge_steps,
+        batch=budget.judge_batch,
+        lr=budget.judge_lr,
+        reading_share=budget.reading_share,
+        pad_id=tokenizer.pad_token_id,
+        label="judge",
+    )
 
 
 @torch.inference_mode()
@@ -430,15 +463,15 @@ def _encoder_batch(rng: random.Random, size: int, fillers: list[str]) -> tuple[l
     of each; anchors and hard negatives are the first and third blocks."""
     findings = [_finding(rng) for _ in range(size)]
     anchors = [
-        language.canonical(*f) if rng.random() < 0.4 else _perturb(language.describe(*f, rng), rng, fillers)
+        language.canonical(*f) if rng.random() < 0.4 else perturb(language.describe(*f, rng), rng, fillers)
         for f in findings
     ]
-    positives = [_perturb(language.describe(*f, rng), rng, fillers) for f in findings]
+    positives = [perturb(language.describe(*f, rng), rng, fillers) for f in findings]
     negatives = [
-        _perturb(language.describe(*language.contradiction(*f, rng), rng), rng, fillers) for f in findings
+        perturb(language.describe(*language.contradiction(*f, rng), rng), rng, fillers) for f in findings
     ]
-    degenerate = [_degenerate(*f, rng, fillers) for f in findings[: size // 8]]
-    texts = anchors + positives + negatives + degenerate
+    broken = [degenerate(*f, rng, fillers) for f in findings[: size // 8]]
+    texts = anchors + positives + negatives + broken
     return texts, [language.read(t) for t in texts], size
 
 
@@ -450,7 +483,7 @@ def train_encoder(tokenizer: PreTrainedTokenizerFast, budget: Budget, seed: int)
         config
     )  # the pooler is unused (mean pooling) but saved, so AutoModel loads every weight
     opt = torch.optim.AdamW(model.parameters(), lr=budget.encoder_lr, weight_decay=0.01)
-    sched = _schedule(opt, budget.encoder_steps, warmup=30)
+    sched = schedule(opt, budget.encoder_steps, warmup=30)
     rng, fillers = random.Random(seed + 7), filler_words()
     model.train()
     for step in range(budget.encoder_steps):
@@ -694,7 +727,7 @@ def build(out_root: str | Path, seed: int = 0, budget: Budget | None = None) -> 
         f"{enc_stats['mean_cos_paraphrase']:.3f} vs contradiction {enc_stats['mean_cos_contradiction']:.3f}"
     )
     info = BuildInfo(str(out_root), seed, budget, len(held), time.time() - start)
-    judge_dir, enc_dir = _fresh(Path(out_root) / JUDGE_DIR), _fresh(Path(out_root) / ENCODER_DIR)
+    judge_dir, enc_dir = fresh_folder(Path(out_root) / JUDGE_DIR), fresh_folder(Path(out_root) / ENCODER_DIR)
     judge.save_pretrained(judge_dir)
     tokenizer.save_pretrained(judge_dir)
     _judge_card(judge_dir, judge, tokenizer, judge_stats, info)
@@ -705,7 +738,7 @@ def build(out_root: str | Path, seed: int = 0, budget: Budget | None = None) -> 
     return {"judge": judge_stats, "encoder": enc_stats}
 
 
-def _fresh(folder: Path) -> Path:
+def fresh_folder(folder: Path) -> Path:
     if folder.exists():
         card = folder / "README.md"
         if not card.is_file() or not card.read_text().startswith(f"# {folder.name}\n"):
