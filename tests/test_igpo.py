@@ -118,7 +118,7 @@ def test_probes_carry_each_turns_media_and_score_like_the_context(tmp_path):
     """The probe of turn k is the context turn k was generated from (the screens of the turns before it) plus the
     answer: scored as a training row it equals the context scored as a prompt, and it differs from the same ids
     with blank pixels."""
-    from mmrl.rollout.episodes import answer_probes
+    from mmrl.rollout.probes import answer_probes
     from mmrl.train.trainer import Trainer
 
     trainer = Trainer(load_config(str(_recipe(tmp_path))), tmp_path / "run")

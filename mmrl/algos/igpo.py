@@ -1,7 +1,7 @@
 """IGPO: turn rewards from the policy's own information gain about the reference answer (docs/credit.md#igpo).
 
 For trajectory i of a task with turns t = 0 .. T_i - 1, the trainer probes the policy before each turn
-(:attr:`AdvantageEstimator.answer_template`, :func:`mmrl.rollout.episodes.answer_probes`): with the context turn t was
+(:attr:`AdvantageEstimator.answer_template`, :func:`mmrl.rollout.probes.answer_probes`): with the context turn t was
 generated from, followed by the template holding the record's reference answer a (L_a tokens),
 
     p_it = exp( (1/L_a) sum_j log pi_old(a_j | context_it, template head, a_<j) )     the length-normalised likelihood

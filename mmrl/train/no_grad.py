@@ -11,7 +11,7 @@ from mmrl.algos import rollout_correction
 from mmrl.config import AlgoConfig, Config
 from mmrl.distributed import Dist
 from mmrl.model.policy import Policy
-from mmrl.rollout.episodes import answer_probes
+from mmrl.rollout.probes import answer_probes
 from mmrl.train.update import RolloutBatch, micro_batches
 
 
@@ -59,7 +59,7 @@ def answer_logprobs(
     dist: Dist,
 ) -> list[list[float]]:
     """Per row, per turn: the mean log-prob of the record's reference answer before the turn
-    (:func:`mmrl.rollout.episodes.answer_probes`), the probes scored by ``score`` (the trainer's no-grad forward,
+    (:func:`mmrl.rollout.probes.answer_probes`), the probes scored by ``score`` (the trainer's no-grad forward,
     under pi_old) like the batch's rows, balanced over the processes."""
     probes, owners = answer_probes(policy, batch.trajectories, template)
     out: list[list[float]] = [[] for _ in batch.trajectories]
