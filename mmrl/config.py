@@ -369,9 +369,9 @@ class TrainConfig:
     reward_workers: int = opt("worker processes for heavy (rendering) rewards", 2)
     reward_timeout_s: float = opt("per-item timeout of a heavy reward", 30.0)
     overlap_rewards: bool = opt(
-        "score each chunk of groups as soon as it is generated, in a background thread (heavy rewards in the reward "
-        "pool), overlapping the rest of generation and the old/reference log-prob passes (time/reward is then the "
-        "wait, time/reward_compute the scoring)",
+        "score each chunk of groups (with vLLM, each group) as soon as it is generated, in a background thread "
+        "(heavy rewards in the reward pool), overlapping the rest of generation and the old/reference log-prob "
+        "passes (time/reward is then the wait, time/reward_compute the scoring)",
         True,
     )
     keep_renders: bool = opt(

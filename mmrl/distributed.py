@@ -111,7 +111,11 @@ class Dist:
         self.global_rank, self.global_world = 0, self.world
         self.generates = False  # a generating process of a separate placement
         self.weights_group: Any = None  # separate placement: training rank 0 and the generating processes
-        self.data_group: Any = None  # separate placement: every process, gloo (pickled batches)
+        self.data_group: Any = None  # separate placement: every process, gloo (where the run starts, the end)
+        self.batch_group: Any = (
+            None  # separate placement: the trainers and the first generating process (batches)
+        )
+        self.rollout_group: Any = None  # separate placement: the generating processes (their own gathers)
         self.generators: list[int] = []  # separate placement: the generating processes' global ranks
         self.peers: list[tuple[str, int]] = []  # every rank's (machine, pid), read once at the start
         self.timeout_s = timeout_s
@@ -149,6 +153,8 @@ class Dist:
         host = new(trainers, backend="gloo", timeout=timeout)
         self.weights_group = new([0, *self.generators], timeout=timeout)
         self.data_group = new(list(range(W)), backend="gloo", timeout=timeout)
+        self.batch_group = new([*trainers, self.generators[0]], backend="gloo", timeout=timeout)
+        self.rollout_group = new(self.generators, backend="gloo", timeout=timeout)
         self.generates = self.global_rank >= W - g
         if self.generates:  # its own rank among the generating processes; it trains with nobody
             self.rank, self.world = self.global_rank - (W - g), g
@@ -157,14 +163,17 @@ class Dist:
         self.host_group = host if not _serves_cpu(train_group) else train_group
         _TRAIN_GROUP = train_group
 
-    def alone(self) -> Dist:
-        """A ``Dist`` of this process alone (rank 0 of 1, no collectives) on this one's device: what a generating
-        process's collector and rewards see, as a single-process run's."""
+    def rollouts(self) -> Dist:
+        """A generating process's view of the generating processes: its rank among them, and every collective over
+        their own group (gloo): what its collector and rewards see. Each generates its share of a batch's groups and
+        the outcomes are gathered, as the training processes of a colocated run do; one generating process is a
+        single-process run."""
         d = Dist.__new__(Dist)
         d.__dict__.update(self.__dict__)
-        d.rank, d.world, d.active, d.peers = 0, 1, False, []
-        d.group = d.host_group = d.weights_group = d.data_group = None
-        d.generates = False
+        d.active, d.peers = self.world > 1, []
+        d.group = d.host_group = self.rollout_group if d.active else None
+        d.weights_group = d.data_group = d.batch_group = d.rollout_group = None
+        d.generates, d.generators = False, []
         return d
 
     # --- a separate placement's links (mmrl.train.placement): training rank 0 <-> the generating processes
@@ -181,6 +190,13 @@ class Dist:
         """A picklable object from global rank ``src`` to every process of a separate placement; returns it."""
         box = [obj]
         torch.distributed.broadcast_object_list(box, src=src, group=self.data_group)
+        return box[0]
+
+    def batch_broadcast(self, obj: Any) -> Any:
+        """A picklable object from the first generating process to the training processes (call it on those
+        processes only); returns it."""
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=self.generators[0], group=self.batch_group)
         return box[0]
 
     def mesh(self) -> Any:

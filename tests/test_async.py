@@ -132,17 +132,24 @@ def test_what_runs_asynchronously_today_is_checked_at_pre_flight(monkeypatch):
     )  # synchronous: anything
     with pytest.raises(ConfigError, match="algo.old_logprobs: recompute"):
         check_async(load_config(None, ["rollout.max_staleness=1"]))
-    with pytest.raises(ConfigError, match="only the hf engine"):
-        check_async(load_config(None, [*base, "rollout.engine=vllm"]))
+    check_async(load_config(None, [*base, "rollout.engine=vllm"]))  # vLLM pauses its steps for the reload
+    with pytest.raises(ConfigError, match="only the hf and vllm engines"):
+        check_async(load_config(None, [*base, "rollout.engine=latr"]))
     with pytest.raises(ConfigError, match=">= 0"):
         check_async(load_config(None, ["rollout.max_staleness=-1"]))
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="2 colocated processes"):
         check_async(load_config(None, base))
     check_async(load_config(None, [*base, "rollout.placement=separate"]))  # one trains, one generates
-    with pytest.raises(ConfigError, match="one generating process for now"):
+    with pytest.raises(ConfigError, match="at least one must train"):
         check_async(load_config(None, [*base, "rollout.placement=separate", "rollout.rollout_processes=2"]))
-    with pytest.raises(ConfigError, match="hf engine only"):
+    monkeypatch.setenv("WORLD_SIZE", "3")  # one trains, two generate: each an equal share of a batch's groups
+    two = [*base, "rollout.placement=separate", "rollout.rollout_processes=2"]
+    check_async(load_config(None, [*two, "train.prompts_per_step=4"]))
+    with pytest.raises(ConfigError, match="multiple of 2"):
+        check_async(load_config(None, [*two, "train.prompts_per_step=3"]))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="runs the hf engine only"):
         check_async(load_config(None, ["rollout.placement=separate", "rollout.engine=vllm"]))
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ConfigError, match="at least 2 processes"):

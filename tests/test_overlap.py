@@ -105,3 +105,72 @@ def _reset_probe():
     global PROBE
     yield
     PROBE = Probe(handshake=False)
+
+
+class Streamed:
+    def __init__(self):
+        self.scoring = threading.Semaphore(0)  # released by each scoring call
+        self.batch_sizes: list[int] = []
+        self.waits: list[bool] = []
+
+
+STREAMED = Streamed()
+
+
+@register_reward("test_overlap_streamed")
+def _streamed_reward(batch: list[RewardInput]) -> list[RewardResult]:
+    STREAMED.batch_sizes.append(len(batch))
+    STREAMED.scoring.release()
+    return [RewardResult(score=float(len(x.response.split())) + 0.1 * int(x.id[-5:])) for x in batch]
+
+
+def test_an_engine_that_finishes_groups_one_by_one_has_each_scored_before_the_next_comes(
+    tmp_path, monkeypatch
+):
+    """An engine that schedules the whole round itself (``owns_weights``, as vLLM) and finishes its groups out of
+    order (here: last first): each group's rewards start as soon as it is handed over, before the engine hands over
+    the next (it waits for that; a collector that scored the round at the end would time out), and every reward lands
+    on its own group: the run equals the one scored after the whole round."""
+    from mmrl.recipes.shapes.data import build
+
+    global STREAMED
+    real_init, real = HFEngine.__init__, HFEngine.generate
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        self.owns_weights = True  # it gets the whole round at once, as vLLM does
+
+    def generate_streaming(self, prompts, params, on_group):
+        groups = real(self, prompts, params)
+        for i in reversed(range(len(groups))):
+            on_group(i, groups[i])
+            STREAMED.waits.append(STREAMED.scoring.acquire(timeout=WAIT_S))
+        return groups
+
+    monkeypatch.setattr(HFEngine, "__init__", init)
+    monkeypatch.setattr(HFEngine, "generate_streaming", generate_streaming)
+    build(tmp_path / "data", n_train=16, n_eval=4, seed=3)
+    runs = {}
+    for overlap in (True, False):
+        STREAMED = Streamed()
+        cfg = tmp_path / f"cfg-{overlap}.yaml"
+        cfg.write_text(
+            f"""
+model: {{path: {TINY}, min_pixels: 3136, max_pixels: 3136}}
+data: {{train: data/train.jsonl}}
+rollout: {{n: 4, max_new_tokens: 12, batch_size: 2, temperature: 1.0}}
+algo: {{kl_coef: 0.05}}
+optim: {{lr: 0.001, micro_batch_size: 8}}
+rewards: [{{name: test_overlap_streamed}}]
+train: {{prompts_per_step: 4, progress: false, seed: 4, overlap_rewards: {str(overlap).lower()}}}
+"""
+        )
+        out = tmp_path / f"out-{overlap}"
+        assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "2"]) == 0
+        runs[overlap] = read_metrics(out / "metrics.jsonl")
+        if overlap:  # one scoring call per group (4 responses), each before the next group came
+            assert STREAMED.batch_sizes == [4] * 8 and STREAMED.waits == [True] * 8
+        else:  # the round scored at once, after generation
+            assert STREAMED.batch_sizes == [16] * 2 and STREAMED.waits == []
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(("time/", "sys/"))} for r in rows]  # noqa: E731
+    assert strip(runs[True]) == strip(runs[False])

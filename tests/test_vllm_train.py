@@ -181,6 +181,9 @@ class _FakeLLM:
     def reset_encoder_cache(self):
         self.calls.append(("reset_encoder_cache",))
 
+    def set_weight_version(self, version):  # the label of the tokens sampled next, not a call on the weights
+        pass
+
 
 def test_a_sleeping_engine_wakes_weights_then_loads_them_then_wakes_its_kv_cache(monkeypatch, lora_policy):
     """The order that keeps the peak lowest (CUDA; faked here): torch's cached blocks go back to the driver, the
@@ -193,7 +196,7 @@ def test_a_sleeping_engine_wakes_weights_then_loads_them_then_wakes_its_kv_cache
     engine = object.__new__(ENGINES.get("vllm"))
     engine.policy, engine.llm, engine.dtype = lora_policy, _FakeLLM(calls), torch.bfloat16
     engine.sleep_mode, engine._asleep, engine._warned, engine._tp = True, True, True, None
-    engine._bad_words = None
+    engine._bad_words, engine.in_flight, engine._version, engine._stale_caches = None, False, 0, False
     engine.sync_weights()
     n = len(lora_policy.merged_state_dict())
     assert calls == [

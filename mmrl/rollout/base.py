@@ -4,6 +4,7 @@ engine. Every engine subclasses :class:`RolloutEngine`; callers use these member
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -43,6 +44,9 @@ class RolloutEngine(ABC):
     # policy's own modules, ``batch_size`` prompts at a time
     owns_weights: ClassVar[bool] = False
     batch_size: int
+    version: int = (
+        0  # the policy version the engine's weights hold (the syncs so far): each sampled token's label
+    )
 
     @classmethod
     def check(cls) -> None:
@@ -60,9 +64,26 @@ class RolloutEngine(ABC):
     def generate(self, prompts: list, params: SamplingParams) -> list[list[Completion]]:
         """``params.n`` completions for each prompt, in prompt order."""
 
+    def generate_streaming(
+        self, prompts: list, params: SamplingParams, on_group: Callable[[int, list[Completion]], None]
+    ) -> list[list[Completion]]:
+        """:meth:`generate`, calling ``on_group(i, completions)`` once prompt ``i``'s completions are done, so their
+        rewards can start while the others generate. By default after the whole call, in prompt order; an engine that
+        finishes requests one by one (vLLM) calls it as each finishes."""
+        groups = self.generate(prompts, params)
+        for i, group in enumerate(groups):
+            on_group(i, group)
+        return groups
+
     @abstractmethod
     def sync_weights(self) -> None:
         """Make the engine sample from the policy's current weights (a no-op when they share memory)."""
+
+    def take_pushed(self, load: Callable[[], None], version: int) -> None:
+        """A generating process of a separate placement (:mod:`mmrl.train.placement`): ``load`` writes the pushed
+        weights into the policy's parameters; from the next decoding step on, the engine samples with them, labelled
+        ``version``, while the requests running keep their KV cache."""
+        raise NotImplementedError(f"{type(self).__name__} cannot take pushed weights while it generates")
 
     def close(self) -> None:
         """Release what the engine holds (processes, process groups); idempotent. Called on every rank at the end."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -458,14 +458,19 @@ def run_episodes(
     settings: EpisodeConfig | None = None,
     prompts: list[EncodedPrompt] | None = None,
     teacher: str | None = None,
+    on_group: Callable[[int, list[Trajectory]], None] | None = None,
 ) -> list[list[Trajectory]]:
     """``params.n`` episodes of each sample, ``[B][G]``. Without ``env_name`` each is one turn (the collector's
     single-turn rollout); with it, episodes of ``env_name`` run in ``pool`` as ``settings`` say (the env's options,
     ``max_turns`` completions and ``max_total_tokens`` tokens at most, observation images within the image budget,
     each observation a ``observation_role`` turn). ``prompts``: the samples already encoded (the collector's
     prompt cache). ``teacher="oracle"``: the env's oracle writes every turn instead of ``engine`` (None allowed;
-    module docstring)."""
+    module docstring). ``on_group`` (one turn each only): called with each sample's position and its G episodes as
+    soon as the engine has finished them (:meth:`RolloutEngine.generate_streaming`), so their rewards can start
+    while the others generate."""
     settings = settings or EpisodeConfig()
+    if on_group is not None and env_name is not None:
+        raise ValueError("on_group is for one-turn episodes; a multi-turn batch ends with its last episode")
     max_turns = settings.max_turns
     if env_name is not None and pool is None:
         raise ValueError(f"env {env_name!r}: run_episodes needs an EnvPool (pool=...) to run its episodes in")
@@ -487,10 +492,19 @@ def run_episodes(
         if (
             teacher is None
         ):  # the single-turn call itself: G completions of each prompt, its media encoded once
-            for row, group in zip(trajs, engine.generate(prompts, params)):
-                for t, c in zip(row, group):
+
+            def done(b: int, group: list[Completion]) -> None:
+                for t, c in zip(trajs[b], group):
                     t.add_completion(c)
                     t.end = "single_turn"
+                if on_group is not None:
+                    on_group(b, trajs[b])
+
+            if on_group is None:
+                for b, group in enumerate(engine.generate(prompts, params)):
+                    done(b, group)
+            else:
+                engine.generate_streaming(prompts, params, done)
             return trajs
     else:
         trajs = _reset(policy, pool, samples, prompts, G, env_name, settings.env_options)

@@ -185,6 +185,13 @@ class HFEngine(RolloutEngine):
         with self._lock:
             yield
 
+    def take_pushed(self, load: Callable[[], None], version: int) -> None:
+        """A generating process of a separate placement: ``load`` writes the pushed weights into the generation
+        weights (the policy's own: ``in_flight``) between two decoding steps, which then generate as ``version``."""
+        with self.paused():
+            load()
+            self.version = version
+
     def sync_weights(self) -> None:
         """The trained weights into the copy, between two decoding steps; the version moves on."""
         if not self.owns_weights:

@@ -38,6 +38,17 @@ It keeps the HF engine's contract, so the trainer cannot tell the two apart exce
   the worker's in-place ``reload_weights``, which shards each tensor for its tensor-parallel slice and keeps it
   only until its layer is complete; no full copy of the model is built outside the engine. It then clears the
   prefix cache and the encoder cache, whose vision embeddings were computed with the old weights.
+- **In-flight updates** (``in_flight``: asynchronous rollouts, docs/async.md#asynchronous-rollouts): every engine
+  step (one schedule-and-forward of the running requests) and every request admission holds a lock, so
+  :meth:`VLLMEngine.sync_weights`, from another thread, reloads the weights between two decoding steps while
+  requests run: they keep their KV cache (vLLM's keep-mode pause; the vision tower does not run again) and the
+  tokens after the reload carry the new version. The version is vLLM's own weight label
+  (``LLMEngine.set_weight_version``), which vLLM attaches to every step's output and returns per completion as
+  spans of output tokens (``CompletionOutput.weight_versions``): :attr:`Completion.versions`. Async scheduling is
+  off (a step's outputs must belong to the forward that just ran). The prefix and encoder caches cannot be reset
+  while requests run (vLLM refuses, or warns that its caches desync), so a reload with requests running resets
+  them before the next call admits its requests: within one call, a request admitted before a reload may still
+  reuse a prefix or an image embedding computed with the older weights, as a running request keeps its KV cache.
 - **Memory** (CUDA): with ``sleep_mode`` (default on CUDA) the engine sleeps after each generation (level 1: KV
   cache dropped, weights offloaded to host memory) so the update has the GPU. :meth:`sync_weights` wakes it in
   the order that keeps the peak lowest: torch's cached blocks are returned to the driver, the weights are woken
@@ -63,6 +74,9 @@ import importlib.util
 import logging
 import os
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -201,19 +215,30 @@ class VLLMEngine(RolloutEngine):
             ):
                 raise ValueError(f"option 'tensor_parallel_size' must be a positive integer, got {value!r}")
 
-    def __init__(self, policy: Policy, batch_size: int = 16, **options: Any):
+    def __init__(self, policy: Policy, batch_size: int = 16, in_flight: bool = False, **options: Any):
         self.check()
         self.check_options(options)
         import vllm
 
         del batch_size  # vLLM's scheduler batches all prompts of a call itself
         self.policy = policy
+        self.in_flight = in_flight
         cuda = torch.cuda.is_available()
         sleep_mode = options.pop("sleep_mode", None)
-        self.sleep_mode = cuda if sleep_mode is None else bool(sleep_mode)
+        self.sleep_mode = (cuda and not in_flight) if sleep_mode is None else bool(sleep_mode)
         if self.sleep_mode and not cuda:
             raise ValueError(
                 "rollout engine 'vllm': sleep_mode needs CUDA; set sleep_mode: false on this machine"
+            )
+        if self.sleep_mode and in_flight:
+            raise ValueError(
+                "rollout engine 'vllm': sleep_mode with asynchronous rollouts (rollout.max_staleness > 0): the engine "
+                "keeps generating while the trainer updates, so it never sleeps; set sleep_mode: false"
+            )
+        if in_flight and options.get("async_scheduling"):
+            raise ValueError(
+                "rollout engine 'vllm': async_scheduling with asynchronous rollouts: a step's tokens must be labelled "
+                "with the weights of the forward that just ran; leave async_scheduling unset"
             )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: sync_weights hands tensors over
         folder, self._tmp = _checkpoint_folder(policy)
@@ -243,6 +268,8 @@ class VLLMEngine(RolloutEngine):
             else:
                 llm_kwargs["enable_chunked_prefill"] = False
         llm_kwargs.update(options)
+        if in_flight:
+            llm_kwargs["async_scheduling"] = False
         set_num_threads = torch.set_num_threads
         # an in-process vLLM engine shuts down when its last reference goes, and its shutdown destroys vLLM's
         # process-wide parallel groups, whichever engine they serve by then: engines dropped unclosed earlier in this
@@ -259,10 +286,76 @@ class VLLMEngine(RolloutEngine):
         self._bad_words = _suppressed_as_words(policy)
         self._asleep = False
         self._warned = False
+        self._lock = threading.RLock()  # in_flight: around each engine step, admission and weight reload
+        self._finished: dict[
+            str, Any
+        ] = {}  # in_flight: outputs finished in another caller's step, by request id
+        self._stale_caches = (
+            False  # a reload ran while requests ran: reset the caches before the next admission
+        )
+        if in_flight:
+            self._hold_lock(self.llm.llm_engine)
+        self._version = 0
         self.sync_weights()  # the folder holds the base weights; a LoRA or resumed policy may already differ
+        self.version = 0  # the policy version the engine's weights hold: the syncs since
+
+    def _hold_lock(self, engine: Any) -> None:
+        """Every step and every admission of ``engine`` (vLLM's ``LLMEngine``) under this engine's lock, so that
+        :meth:`paused` falls between two decoding steps (wrapping the instance's own bound methods: ``LLM.generate``
+        calls them through the instance)."""
+        step, add = engine.step, engine.add_request
+
+        def locked_step() -> Any:
+            with self._lock:
+                return step()
+
+        def locked_add(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return add(*args, **kwargs)
+
+        engine.step, engine.add_request = locked_step, locked_add
+
+    @property
+    def version(self) -> int:
+        """The policy version the engine's weights hold, vLLM's label of every token they sample."""
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self._version = int(value)
+        self.llm.llm_engine.set_weight_version(str(self._version))
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Between two engine steps of the requests running (``in_flight``): nothing is scheduled or computed
+        inside, so the weights may be replaced here; the running requests keep their KV cache."""
+        if not self.in_flight:
+            raise RuntimeError("VLLMEngine.paused needs in_flight=True")
+        with self._lock:
+            yield
 
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: list[EncodedPrompt], params: SamplingParams) -> list[list[Completion]]:
+        return self._generate(prompts, params, None)
+
+    def generate_streaming(
+        self,
+        prompts: list[EncodedPrompt],
+        params: SamplingParams,
+        on_group: Callable[[int, list[Completion]], None],
+    ) -> list[list[Completion]]:
+        """:meth:`generate`, calling ``on_group(i, completions)`` as soon as vLLM finishes prompt ``i``'s
+        completions, in the order they finish (its own step loop over ``LLM.enqueue``d requests, which is what
+        ``LLM.generate`` runs, reading each finished request as it comes). In a tensor-parallel group the members'
+        prompts are generated together and the calls come at the end, in prompt order."""
+        return self._generate(prompts, params, on_group)
+
+    def _generate(
+        self,
+        prompts: list[EncodedPrompt],
+        params: SamplingParams,
+        on_group: Callable[[int, list[Completion]], None] | None,
+    ) -> list[list[Completion]]:
         if not self._warned:
             _warn_truncated_sampling(params)
             self._warned = True
@@ -274,14 +367,23 @@ class VLLMEngine(RolloutEngine):
             return []
         requests = [_request(p, self.policy.tokenizer) for p in prompts]
         sampling = [self._sampling_params(params, seed) for seed in seeds]
-        outputs = self._run(requests, sampling)
-        groups = []
-        for p, out in zip(prompts[own], outputs[own]):
-            _check_expansion(p, out.prompt_token_ids)
-            groups.append(
-                [self._completion(o, params.top_logprobs) for o in sorted(out.outputs, key=lambda o: o.index)]
-            )
-        return groups
+        groups: list[list[Completion] | None] = [None] * len(prompts)
+
+        def finished(i: int, out: Any) -> None:
+            _check_expansion(prompts[i], out.prompt_token_ids)
+            done = sorted(out.outputs, key=lambda o: o.index)
+            groups[i] = [self._completion(o, params.top_logprobs) for o in done]
+            if on_group is not None and self._tp is None:
+                on_group(i, groups[i])
+
+        self._run(
+            requests, sampling, finished if on_group is not None and self._tp is None else None, finished
+        )
+        mine = groups[own]
+        if on_group is not None and self._tp is not None:
+            for i, g in enumerate(mine):
+                on_group(i, g)
+        return mine
 
     def score(self, contexts: list[EncodedPrompt], tails: list[int]) -> list[list[float]]:
         """The engine's log-probs of the last ``tails[i]`` tokens of each of ``contexts`` (a trajectory's
@@ -297,7 +399,8 @@ class VLLMEngine(RolloutEngine):
             return []
         requests = [_request(p, self.policy.tokenizer) for p in contexts]
         params = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        outputs = self._run(requests, params)
+        outputs: list[Any] = [None] * len(requests)
+        self._run(requests, params, None, outputs.__setitem__)
         scored = []
         for p, n, out in zip(contexts[own], tails[own], outputs[own]):
             _check_expansion(p, out.prompt_token_ids)
@@ -305,17 +408,67 @@ class VLLMEngine(RolloutEngine):
             scored.append([lps[j][ids[j]].logprob for j in range(len(ids) - n, len(ids))])
         return scored
 
-    def _run(self, requests: list[dict[str, Any]], sampling: Any) -> list[Any]:
-        """``llm.generate`` woken from sleep and put back to sleep after (``sleep_mode``)."""
+    def _run(
+        self,
+        requests: list[dict[str, Any]],
+        sampling: Any,
+        streaming: Callable[[int, Any], None] | None,
+        at_end: Callable[[int, Any], None],
+    ) -> None:
+        """The requests through vLLM, woken from sleep and put back to sleep after (``sleep_mode``). ``streaming``:
+        called with each request's position and output as it finishes; else ``LLM.generate`` runs them and
+        ``at_end`` gets each, in order."""
         if self._asleep:
             _release_cached_blocks()
             self.llm.wake_up()
             self._asleep = False
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        if self._stale_caches:  # nothing runs between two calls: the reset that was deferred can happen now
+            with self._lock:
+                self._reset_caches()
+        if streaming is None and not self.in_flight:
+            for i, out in enumerate(self.llm.generate(requests, sampling, use_tqdm=False)):
+                at_end(i, out)
+        else:  # in_flight: the trainer's thread (its image check) may call while the producer's generates
+            self._stream(requests, sampling, streaming or at_end)
         if self.sleep_mode:
             self.llm.sleep(level=1)
             self._asleep = True
-        return outputs
+
+    def _stream(
+        self, requests: list[dict[str, Any]], sampling: Any, on_output: Callable[[int, Any], None]
+    ) -> None:
+        """``LLM.generate``'s loop, each request's output handed over as it finishes. The outputs name the ids
+        ``LLM`` gave the requests (its counter; the engine's internal ids add a suffix after a dash). Several
+        callers (threads) may run it at once: each step advances every running request, and a step's finished
+        outputs are kept by id for whichever caller owns them. A failure aborts the caller's requests still
+        running, so the engine is left without them."""
+        engine = self.llm.llm_engine
+        with self._lock:  # vLLM's prompt rendering is not made for two threads at once
+            ids = self.llm.enqueue(requests, sampling, use_tqdm=False)
+        where = {rid.split("-", 1)[0]: i for i, rid in enumerate(ids)}
+        if len(where) != len(ids):
+            raise RuntimeError(f"vLLM gave {len(ids)} requests {len(where)} distinct ids: {ids[:4]}...")
+        running = set(where)
+        try:
+            while running:
+                with self._lock:
+                    if not engine.has_unfinished_requests() and not running & self._finished.keys():
+                        raise RuntimeError(
+                            f"vLLM stopped with {len(running)} requests unanswered: {sorted(running)[:4]}"
+                        )
+                    for out in engine.step():
+                        if out.finished:
+                            self._finished[out.request_id] = out
+                    done = [(rid, self._finished.pop(rid)) for rid in sorted(running & self._finished.keys())]
+                for rid, out in done:
+                    running.discard(rid)
+                    on_output(where[rid], out)
+        finally:
+            if running:
+                with self._lock:
+                    engine.abort_request(sorted(running))
+                    for rid in running:
+                        self._finished.pop(rid, None)
 
     def _sampling_params(self, params: SamplingParams, seed: int) -> Any:
         greedy = params.temperature <= 0
@@ -347,7 +500,12 @@ class VLLMEngine(RolloutEngine):
                 for step in out.logprobs
             ]  # fmt: skip
         return Completion(
-            token_ids=tokens, text=text, logprobs=logps, finish_reason=out.finish_reason, top=top
+            token_ids=tokens,
+            text=text,
+            logprobs=logps,
+            finish_reason=out.finish_reason,
+            versions=_versions(out.weight_versions, len(tokens)),
+            top=top,
         )
 
     # ---------------------------------------------------------------- weights
@@ -357,8 +515,23 @@ class VLLMEngine(RolloutEngine):
         self.llm.llm_engine.engine_core.shutdown()
 
     def sync_weights(self) -> None:
-        """Load the policy's current weights into vLLM and drop everything computed with the old ones. Asleep, the
-        engine wakes in the order weights -> sync -> KV cache, returning torch's cached blocks before each wake."""
+        """Load the policy's current weights into vLLM and drop everything computed with the old ones; the version
+        moves on. Asleep, the engine wakes in the order weights -> sync -> KV cache, returning torch's cached blocks
+        before each wake. ``in_flight``: between two steps of the requests running (:meth:`paused`)."""
+        with self.paused() if self.in_flight else nullcontext():
+            self._load_weights()
+            self.version = self._version + 1
+
+    def take_pushed(self, load: Callable[[], None], version: int) -> None:
+        """A generating process of a separate placement: ``load`` writes the pushed weights into the policy's
+        parameters (generation does not read them: vLLM has its own copy), then the engine reloads them between two
+        decoding steps as ``version``."""
+        load()
+        with self.paused():
+            self._load_weights()
+            self.version = version
+
+    def _load_weights(self) -> None:
         asleep = self._asleep
         if asleep:
             _release_cached_blocks()
@@ -373,8 +546,28 @@ class VLLMEngine(RolloutEngine):
             _release_cached_blocks()
             self.llm.wake_up(tags=["kv_cache"])
             self._asleep = False
+        if self.in_flight and self.llm.llm_engine.has_unfinished_requests():
+            self._stale_caches = True  # vLLM cannot reset them under running requests: before the next call
+        else:
+            self._reset_caches()
+
+    def _reset_caches(self) -> None:
+        """Forget the prefixes and image embeddings computed with older weights."""
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()
+        self._stale_caches = False
+
+
+def _versions(spans: Any, n: int) -> list[int] | None:
+    """Per output token, the version vLLM labelled the weights that sampled it with (its spans of token indexes)."""
+    if not spans:
+        return None
+    out: list[int] = []
+    for span in spans:
+        out += [int(span.version)] * (span.end - span.start)
+    if len(out) != n:
+        raise RuntimeError(f"vLLM's weight-version spans cover {len(out)} tokens of a {n}-token completion")
+    return out
 
 
 def _rebuild_cpu_moe_kernels_on_reload(worker: Any) -> int:

@@ -261,15 +261,23 @@ def check_async(cfg: Config) -> None:
                 "rollout.placement: separate needs a launcher with at least 2 processes (one trains, one generates): "
                 "`torchrun --nproc_per_node 2 -m mmrl train ...`; or set rollout.placement: colocated"
             )
-        if r.rollout_processes != 1:
+        g = r.rollout_processes
+        if not 0 < g < world:
             raise ConfigError(
-                f"rollout.rollout_processes {r.rollout_processes}: one generating process for now (several would "
-                f"each need the sampler's one draw order); set it to 1 {why}"
+                f"rollout.rollout_processes {g} of {world} launched processes: at least one must train and one "
+                "generate"
+            )
+        if cfg.train.prompts_per_step % g:
+            raise ConfigError(
+                f"rollout.rollout_processes {g}: each generating process generates an equal share of a batch's "
+                f"groups, and train.prompts_per_step {cfg.train.prompts_per_step} does not split evenly; make it a "
+                f"multiple of {g}"
             )
         if r.engine != "hf":
             raise ConfigError(
-                f"rollout.placement: separate with rollout.engine {r.engine!r}: the generating process loads pushed "
-                f"weights into the hf engine only for now; set rollout.engine: hf {why}"
+                f"rollout.placement: separate with rollout.engine {r.engine!r}: the generating process runs the hf "
+                f"engine only for now (vLLM's in-process executor would build its groups over the launcher's "
+                f"processes, trainers included); set rollout.engine: hf {why}"
             )
     if k == 0:
         return
@@ -279,10 +287,10 @@ def check_async(cfg: Config) -> None:
             f"or with rollout.placement: separate for now (the producer's gathers would interleave with the "
             f"update's collectives); set rollout.max_staleness: 0, run one process, or separate the placement {why}"
         )
-    if r.engine != "hf":
+    if r.engine not in ("hf", "vllm"):
         raise ConfigError(
-            f"rollout.max_staleness {k} with rollout.engine {cfg.rollout.engine!r}: only the hf engine swaps weights "
-            f"while it generates for now; set rollout.engine: hf or rollout.max_staleness: 0 {why}"
+            f"rollout.max_staleness {k} with rollout.engine {cfg.rollout.engine!r}: only the hf and vllm engines swap "
+            f"weights while they generate; set rollout.engine: hf or vllm, or rollout.max_staleness: 0 {why}"
         )
     if cfg.algo.old_logprobs == "rollout":
         raise ConfigError(

@@ -18,6 +18,11 @@ success share, turns, per-step correctness from the env's ``info["target_hit"]``
 are in ``Collected.stats`` for env runs. Episode folders hold the observation images; the ones not logged to
 rollouts.jsonl are removed after the step (:meth:`Collector.retire_episodes`).
 
+Rewards overlap generation (``train.overlap_rewards``): the HF engine generates ``rollout.batch_size`` prompts at a
+time and each chunk's rewards start when it is done; an engine that schedules the whole round itself (vLLM) gets it
+at once and hands each group over as soon as it has finished it (:meth:`RolloutEngine.generate_streaming`), whose
+rewards then start while the rest of the round generates.
+
 With several processes (:mod:`mmrl.distributed`) each rank generates and rewards its share of a round's groups, and
 the outcomes (trajectories, rewards, reward results) are gathered: every rank then holds the whole batch and decides
 the same, while ``prompts`` are encoded only for the rank's own share (``None`` elsewhere; the gathered trajectories
@@ -189,13 +194,18 @@ class Collector:
         return self._pool.stats() if self._pool is not None else {}
 
     def run_episodes(
-        self, samples: list[Sample], prompts: list[EncodedPrompt], params: SamplingParams
+        self,
+        samples: list[Sample],
+        prompts: list[EncodedPrompt],
+        params: SamplingParams,
+        on_group: Callable[[int, list[Trajectory]], None] | None = None,
     ) -> list[list[Trajectory]]:
-        """``params.n`` episodes of each sample (``[B][G]`` trajectories): one turn each, or in the run's env
-        (``rollout.env``) in the env pool as ``rollout.episode`` says."""
+        """``params.n`` episodes of each sample (``[B][G]`` trajectories): one turn each (``on_group``: called with
+        each group as soon as it is generated), or in the run's env (``rollout.env``) in the env pool as
+        ``rollout.episode`` says."""
         r = self.cfg.rollout
         if not self.multi_turn:
-            return run_episodes(self.policy, self.engine, samples, params, prompts=prompts)
+            return run_episodes(self.policy, self.engine, samples, params, prompts=prompts, on_group=on_group)
         pool = self.pool()
         trajs = run_episodes(
             self.policy,
@@ -299,8 +309,11 @@ class Collector:
             samples = [self.data[i] for i in idx]
         local = [prompts[b] for b in mine]
         # chunks: the HF engine generates batch_size prompts at a time anyway; an engine that schedules the whole
-        # batch itself (vLLM) gets it at once; episodes batch every live episode of the round at each turn: one chunk
-        whole = self.engine.owns_weights or not self.cfg.train.overlap_rewards or self.multi_turn
+        # batch itself (vLLM) gets it at once, and each group's rewards start as soon as the engine has finished it
+        # (``stream``); episodes batch every live episode of the round at each turn: one chunk
+        overlap = self.cfg.train.overlap_rewards
+        whole = self.engine.owns_weights or not overlap or self.multi_turn
+        stream = self.engine.owns_weights and overlap and not self.multi_turn
         chunk = len(local) if whole else max(1, self.engine.batch_size)
         trajs_local: list[list[Trajectory]] = []
         futures: list[Future] = []
@@ -311,6 +324,11 @@ class Collector:
                     bs = list(mine)[s : s + chunk]
                     dirs = [self.render_dir(b, samples[b]) for b in bs]
                     mine_samples = [samples[b] for b in bs]
+                    if stream:
+                        trajs, slots = self._streamed(mine_samples, local[s : s + chunk], dirs, tally)
+                        futures += slots
+                        trajs_local += trajs
+                        continue
                     trajs = self.run_episodes(mine_samples, local[s : s + chunk], self.sampling_params())
                     trajs_local += trajs
                     futures.append(
@@ -341,6 +359,24 @@ class Collector:
         got.stats |= self.engine.take_stats()
         got.tally = tally
         return got if overlap else got.resolve()
+
+    def _streamed(
+        self, samples: list[Sample], prompts: list[EncodedPrompt], dirs: list[Path | None], tally: Tally
+    ) -> tuple[list[list[Trajectory]], list[Future]]:
+        """The groups of ``samples`` generated at once, each group's rewards submitted as soon as the engine has
+        finished it; the futures in the samples' order."""
+        slots: list[Future | None] = [None] * len(samples)
+
+        def submit(b: int, row: list[Trajectory]) -> None:
+            slots[b] = self._reward_thread().submit(
+                self._timed, tally, self.score, [samples[b]], [row], [dirs[b]]
+            )
+
+        trajs = self.run_episodes(samples, prompts, self.sampling_params(), on_group=submit)
+        missing = [samples[b].id for b, f in enumerate(slots) if f is None]
+        if missing:
+            raise RuntimeError(f"the engine returned without finishing the groups of {missing}")
+        return trajs, slots  # type: ignore[return-value]
 
     def _encode_round(self, idx: list[int], mine: list[int]) -> tuple[list[int], list[EncodedPrompt | None]]:
         """The round's prompts, this rank's share encoded. A record whose media fail to encode only now (a video

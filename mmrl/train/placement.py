@@ -1,21 +1,23 @@
 """Separate placement (docs/async.md#separate-placement): in one launched job, the last
 ``rollout.rollout_processes`` processes only generate and the others only train.
 
-The generating process runs the rollout side of the trainer on its own: sampler -> episodes -> rewards
-(:meth:`mmrl.train.collect.Collector.collect`, with a :meth:`~mmrl.distributed.Dist.alone` view of itself, so its
-collector is a single-process run's), with its own copy of the policy in an :class:`~mmrl.rollout.hf.HFEngine`
-whose forwards may be paused between two decoding steps. Each resolved batch goes to every training process over a
-gloo group (``Dist.data_group``, pickled); batch ``t`` starts once the engine holds version ``t - 1 - k`` (k =
-``rollout.max_staleness``; with k = 0 it waits for the weights trained on batch ``t - 1``: generation and training
-take turns, as in the colocated synchronous trainer, but in two processes).
+The generating processes run the rollout side of the trainer on their own: sampler -> episodes -> rewards
+(:meth:`mmrl.train.collect.Collector.collect`, with a :meth:`~mmrl.distributed.Dist.rollouts` view of the generating
+processes: each draws the same prompts, generates and rewards its share of the batch's groups, and the outcomes are
+gathered over their own gloo group, as the training processes of a colocated run do; one generating process is a
+single-process run), each with its own copy of the policy in an :class:`~mmrl.rollout.hf.HFEngine` whose forwards
+may be paused between two decoding steps. The first generating process sends each resolved batch to every training
+process over a gloo group (``Dist.batch_group``, pickled); batch ``t`` starts once the engine holds version
+``t - 1 - k`` (k = ``rollout.max_staleness``; with k = 0 it waits for the weights trained on batch ``t - 1``:
+generation and training take turns, as in the colocated synchronous trainer, but in separate processes).
 
 After each update the training processes push the weights (:func:`push_weights`): training rank 0 broadcasts a
 header (the new version) and then the parameters in buckets of at most ``BUCKET_BYTES``, each in the parameter's own
-dtype (the engine loads the same checkpoint with the same settings), over ``Dist.weights_group`` (rank 0 and the
-generating processes: gloo on CPU, NCCL on GPUs). Under FSDP2 each parameter is gathered (``full_tensor``, a
+dtype (the engine loads the same checkpoint with the same settings), over ``Dist.weights_group`` (rank 0 and every
+generating process: gloo on CPU, NCCL on GPUs). Under FSDP2 each parameter is gathered (``full_tensor``, a
 collective of the training processes) just before it is packed: no full state dict is ever held. The generating
 process's receiver thread waits for the header outside the engine's lock, then loads every bucket with the engine
-paused (:meth:`HFEngine.paused`), so a forward never sees half-loaded weights and a response that spans the load
+paused (:meth:`HFEngine.take_pushed`), so a forward never sees half-loaded weights and a response that spans the load
 continues with its KV cache, its later tokens recorded with the new version.
 
 Resume: each batch carries the sampler's state after its draw and its rewards' feedback; the trainer's checkpoint
@@ -97,7 +99,9 @@ def receive_weights(engine: Any, params: list[torch.nn.Parameter], dist: Dist) -
     version = int(header.item())
     if version == STOP:
         return None
-    with engine.paused(), torch.no_grad():
+
+    @torch.no_grad()
+    def load() -> None:
         for bucket in buckets(params):
             flat = torch.empty(sum(p.numel() for p in bucket), dtype=bucket[0].dtype, device=device)
             dist.weights_broadcast(flat)
@@ -105,7 +109,8 @@ def receive_weights(engine: Any, params: list[torch.nn.Parameter], dist: Dist) -
             for p in bucket:
                 p.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
-        engine.version = version
+
+    engine.take_pushed(load, version)
     return version
 
 
@@ -121,7 +126,7 @@ class Receiver:
 
     def __init__(self, policy: Any, sampler: Any, dist: Dist):
         self.policy, self.sampler, self.dist = policy, sampler, dist
-        self.src = dist.generators[0]
+        self.src = dist.generators[0]  # the first generating process sends every batch
         self._after: dict[str, Any] | None = None  # the sampler's state after the last batch taken
         self._version = 0
 
@@ -129,7 +134,7 @@ class Receiver:
         from mmrl.train.producer import staleness_stats
 
         t0 = time.perf_counter()
-        got_step, got = self.dist.data_broadcast(None, src=self.src)
+        got_step, got = self.dist.batch_broadcast(None)
         if isinstance(got, BaseException):
             raise RuntimeError(f"the generating process (rank {self.src}) failed: {got!r}") from got
         assert got_step == step, (got_step, step)
@@ -205,7 +210,7 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
         sampler,
         reward,
         stage,
-        dist.alone(),
+        dist.rollouts(),
         render_root=out / "renders",
         episode_root=out / "episodes",
     )
@@ -231,12 +236,19 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
 
     def send() -> None:
         while (item := outbox.get()) is not None:
-            dist.data_broadcast(item, src=dist.global_rank)
+            dist.batch_broadcast(item)
 
+    lead = dist.global_rank == dist.generators[0]  # the others' batches are the same, gathered: only it sends
     receiver = threading.Thread(target=guarded(receive), name="mmrl-weights", daemon=True)
     sender = threading.Thread(target=guarded(send), name="mmrl-batches", daemon=True)
     receiver.start()
-    sender.start()
+    if lead:
+        sender.start()
+
+    def deliver(item: Any) -> None:
+        if lead:
+            outbox.put(item)
+
     k = cfg.rollout.max_staleness
     try:
         for t in range(start + 1, cfg.train.max_steps + 1):
@@ -254,14 +266,15 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
             try:
                 got = collector.collect(t).resolve()
             except Exception as e:  # the trainers raise it at their next take
-                outbox.put((t, e))
+                deliver((t, e))
                 raise
             got.timings = dict(timings)
             got.sampler_after = copy.deepcopy(sampler.state_dict())
             got.stats |= {"time/rollout_idle": waited}
-            outbox.put((t, got))
-        outbox.put(None)
-        sender.join()
+            deliver((t, got))
+        deliver(None)
+        if lead:
+            sender.join()
         receiver.join()
         if errors:
             raise errors[0]

@@ -10,8 +10,9 @@ is trained (k counts whole updates; a response that spans an in-flight weight co
 recorded). With k = 0 :meth:`Producer.take` is the collector's own call, in the caller's thread: the synchronous
 trainer, the same code.
 
-The engine must own its weights (``HFEngine(own_weights=True)``: :func:`engine_options`), so an update never changes
-the weights a forward is using; it copies the trained ones in between two decoding steps (``sync_weights``).
+The engine must own its weights (``HFEngine(own_weights=True)``, ``VLLMEngine(in_flight=True)``:
+:func:`engine_options`), so an update never changes the weights a forward is using; it copies the trained ones in
+between two decoding steps (``sync_weights``).
 
 Resume: every produced batch keeps the sampler's state from before its draw; a checkpoint saves the state from before
 the oldest batch not yet trained (:meth:`Producer.sampler_state`), so a resumed run draws exactly the prompts whose
@@ -37,9 +38,12 @@ from mmrl.train.collect import Collected, Collector
 
 
 def engine_options(cfg: Config) -> dict[str, Any]:
-    """What the rollout engine needs beyond its own options: its own copy of the weights when it runs ahead."""
-    colocated = cfg.rollout.placement == "colocated"
-    return {"own_weights": True} if cfg.rollout.max_staleness > 0 and colocated else {}
+    """What the rollout engine needs beyond its own options when it runs ahead: weights of its own that the trainer
+    copies in between two decoding steps (hf: a copy of the policy's; vllm has its own copy, and its steps pause
+    for the reload)."""
+    if cfg.rollout.max_staleness == 0 or cfg.rollout.placement != "colocated":
+        return {}
+    return {"in_flight": True} if cfg.rollout.engine == "vllm" else {"own_weights": True}
 
 
 class Producer:
