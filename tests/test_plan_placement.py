@@ -119,16 +119,20 @@ def test_separating_removes_the_generation_from_the_training_gpu():
 
 
 def test_a_generating_gpu_that_cannot_fit_is_refused_naming_it(monkeypatch):
-    """gpu-async.yaml with 64 prompts x 8 generated at once: the generating GPU's KV cache and prefill pass 79 GiB
-    while the training GPUs fit. The plan names the generating GPU, the advice halves the generation batch (planned:
+    """gpu-async.yaml with one generating process and 64 prompts x 8 generated at once: the generating GPU's KV
+    cache and prefill pass 79 GiB while the training GPUs fit (with the recipe's two, each generates its 32). The plan names the generating GPU, the advice halves the generation batch (planned:
     it fits), and pre-flight refuses the run with the same verdict."""
-    cfg = load_config(RECIPE, ["rollout.batch_size=64"])
+    one = ["rollout.rollout_processes=1"]
+    assert plan.plan_run(
+        load_config(RECIPE, ["rollout.batch_size=64"])
+    ).fits  # two generating: 32 prompts each
+    cfg = load_config(RECIPE, [*one, "rollout.batch_size=64"])
     p = plan.plan_run(cfg)
     assert p.peak <= p.capacity and p.generating.peak > p.capacity and not p.fits
     text = report.verdict(p)
     assert text.startswith("does not fit: the generating GPU's peak") and "training GPU" not in text
     assert p.advice == ["rollout.batch_size=32"]
-    assert plan.plan_run(load_config(RECIPE, p.advice)).fits
+    assert plan.plan_run(load_config(RECIPE, [*one, *p.advice])).fits
     monkeypatch.setattr(preflight, "would_use_cuda", lambda cfg: True)
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
@@ -175,26 +179,26 @@ def test_a_separate_vllm_plan_is_refused():
 
 
 def test_the_async_recipe_fits_8_gpus_of_80_gb(monkeypatch, capsys):
-    """recipes/geometry/gpu-async.yaml: Qwen2.5-VL-3B, 7 training GPUs (FSDP2) + 1 generating (hf engine),
+    """recipes/geometry/gpu-async.yaml: Qwen2.5-VL-3B, 6 training GPUs (FSDP2) + 2 generating (hf engine),
     max_staleness 2, interpolated pi_prox, token TIS; both kinds of GPU fit 79 GiB, from its hardware section and
     with --gpus 8; pre-flight's checks of an asynchronous separate run accept it under 8 processes."""
     from mmrl.train.checks import check_async, check_components
 
     cfg = load_config(RECIPE)
     r, a = cfg.rollout, cfg.algo
-    assert (r.placement, r.rollout_processes, r.max_staleness, r.engine) == ("separate", 1, 2, "hf")
+    assert (r.placement, r.rollout_processes, r.max_staleness, r.engine) == ("separate", 2, 2, "hf")
     assert (a.old_logprobs, a.rollout_correction, cfg.train.fsdp) == ("interpolate", "tis_token", True)
     assert cfg.model.path == "Qwen/Qwen2.5-VL-3B-Instruct"
     assert (cfg.hardware.gpus_per_node * cfg.hardware.nodes, cfg.hardware.gpu_memory_gib) == (8, 79)
     for opts in (plan.PlanOptions(), plan.PlanOptions(gpus=8)):
         p = plan.plan_run(cfg, opts)
         assert p.fits, report.format_plan(p, str(RECIPE))
-        assert (p.setup.hw.world, p.setup.hw.generating) == (7, 1)
+        assert (p.setup.hw.world, p.setup.hw.generating) == (6, 2)
         assert p.peak <= 79 * GIB and p.generating.peak <= 79 * GIB
     assert "torchrun --nproc_per_node 8 -m mmrl train recipes/geometry/gpu-async.yaml" in RECIPE.read_text()
     assert cli.main(["plan", str(RECIPE), "--gpus", "8"]) == 0
     out = capsys.readouterr().out
-    assert "7 training GPU(s) and 1 generating GPU(s) of the 8 launched" in out
+    assert "6 training GPU(s) and 2 generating GPU(s) of the 8 launched" in out
     assert "verdict: fits: training GPU peak" in out
     monkeypatch.setenv("WORLD_SIZE", "8")
     check_async(cfg)

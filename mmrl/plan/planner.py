@@ -441,10 +441,11 @@ def _separate(cfg: Config, s: Setup, opts: PlanOptions) -> Plan:
 
 def generating_setup(cfg: Config, opts: PlanOptions) -> Setup:
     """A generating process as memory sees it: a one-process run's rollout side on one GPU (no FSDP, no DDP; the
-    policy loaded as the trainer loads it, :func:`mmrl.train.placement.serve`), its collector drawing every prompt
-    of the step (``Dist.alone``)."""
+    policy loaded as the trainer loads it, :func:`mmrl.train.placement.serve`), its collector generating its share
+    of the step's prompts (``Dist.rollouts``: ``rollout.rollout_processes`` share a batch)."""
     gen = copy.deepcopy(cfg)
     gen.rollout.placement, gen.train.fsdp = "colocated", False
+    gen.train.prompts_per_step = max(1, cfg.train.prompts_per_step // max(1, cfg.rollout.rollout_processes))
     return setup(gen, replace(opts, gpus=1, nodes=1))
 
 

@@ -99,11 +99,6 @@ def _separate_lines(p: Plan) -> list[str]:
             f"training GPU: no rollout, no evaluation (no data.eval); training rank 0 packs the push one bucket at "
             f"a time ({gib(push_transient(s))} GiB)"
         )
-    if c.rollout.rollout_processes != 1:
-        lines.append(
-            f"note: pre-flight refuses rollout.rollout_processes {c.rollout.rollout_processes} for now (one "
-            f"generating process, docs/async.md#separate-placement)"
-        )
     return lines
 
 
