@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrl.config import ConfigError, ModelConfig, load_config
+from mmrl.config import ConfigError, ModelConfig, RewardEntry, load_config
 from mmrl.model.policy import Policy
 from mmrl.rollout import HFEngine, SamplingParams
 from mmrl.run.metrics import read_metrics
@@ -133,6 +133,17 @@ def test_what_runs_asynchronously_today_is_checked_at_pre_flight(monkeypatch):
     with pytest.raises(ConfigError, match="algo.old_logprobs: recompute"):
         check_async(load_config(None, ["rollout.max_staleness=1"]))
     check_async(load_config(None, [*base, "rollout.engine=vllm"]))  # vLLM pauses its steps for the reload
+    for key in ("sleep_mode", "async_scheduling"):  # refused before any model loads, not by the engine after
+        with pytest.raises(ConfigError, match=f"engine_options.{key}: true"):
+            check_async(
+                load_config(None, [*base, "rollout.engine=vllm", f"rollout.engine_options.{key}=true"])
+            )
+    judged = load_config(None, [*base, "rollout.engine=vllm"])
+    judged.rewards = [RewardEntry("medix", 1.0, {"judge": {"model": "assets/tiny-judge", "engine": "vllm"}})]
+    with pytest.raises(ConfigError, match=r"vLLM judge of reward\(s\) \['medix'\]"):
+        check_async(judged)
+    judged.rewards[0].options["judge"]["engine"] = "hf"
+    check_async(judged)
     with pytest.raises(ConfigError, match="only the hf and vllm engines"):
         check_async(load_config(None, [*base, "rollout.engine=latr"]))
     with pytest.raises(ConfigError, match=">= 0"):

@@ -93,6 +93,51 @@ def test_tokens_after_an_in_flight_reload_carry_the_new_version_and_its_log_prob
         engine.close()
 
 
+def test_a_reload_from_another_thread_lands_at_the_next_step_boundary(tmp_path):
+    """The trainer's thread asks for a reload while the producer's thread generates: it gets in after the step
+    running (CPython's lock is not fair, so the step loop waits while a reload asks), and the request that was
+    running goes on with its tokens labelled by the step they were sampled in."""
+    import threading
+
+    cfg = ModelConfig(path=str(TINY), min_pixels=3136, max_pixels=3136)
+    pol = Policy.from_pretrained(cfg)
+    engine = ENGINES.get("vllm")(pol, in_flight=True)
+    try:
+        prompt = pol.encode(
+            Sample("q", [{"role": "user", "content": [{"type": "text", "text": "count to forty"}]}])
+        )
+        inner, steps = engine.llm.llm_engine.step, [0]
+
+        def counted():
+            out = inner()
+            steps[0] += 1
+            return out
+
+        engine.llm.llm_engine.step = counted
+        seen: dict[str, int] = {}
+
+        def trainer():
+            while steps[0] < 5:
+                threading.Event().wait(0.001)
+            seen["asked"] = steps[0]
+            with engine.paused():
+                seen["in"] = steps[0]
+                engine.version = 1
+
+        t = threading.Thread(target=trainer)
+        t.start()
+        torch.manual_seed(0)
+        (c,) = engine.generate([prompt], SamplingParams(1, 1.0, 1.0, 0, 40))[0]
+        t.join(timeout=60)
+    finally:
+        engine.close()
+    assert seen["in"] - seen["asked"] <= 1, seen  # at most the step that was running when it asked
+    assert len(c.token_ids) == 40 and c.versions == [0] * seen["in"] + [1] * (40 - seen["in"]), (
+        seen,
+        c.versions,
+    )
+
+
 def test_each_group_is_handed_over_as_soon_as_vllm_finishes_it(tmp_path):
     """``generate_streaming`` (what the collector calls to start each group's rewards while the others generate):
     every prompt's group is handed over once, the first while other requests still run, and the groups are exactly

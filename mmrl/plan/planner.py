@@ -89,7 +89,8 @@ def engine(s: Setup) -> Engine | None:
         kv = max(0.0, util * s.hw.gpu_gib * GIB - weights - VLLM_WORKSPACE)
     t = sh.text
     kv_per_token = 2 * t.layers * max(1, t.kv_heads // tp) * (t.hidden // t.heads) * per
-    sleep = bool(o.get("sleep_mode", True))  # on by default on CUDA
+    # on by default on CUDA, but never when it runs ahead of training (it keeps generating while the trainer updates)
+    sleep = bool(o.get("sleep_mode", s.cfg.rollout.max_staleness == 0))
     max_len = int(o.get("max_model_len", sh.max_positions))
     return Engine(weights, kv, VLLM_WORKSPACE, sleep, int(kv // kv_per_token), max_len, tp)
 
@@ -185,9 +186,16 @@ def scoring_stages(cfg: Config) -> tuple[str, ...]:
     """The stages a reward model is awake in. Rewards are resolved before the update: they are scored while the
     old/reference log-prob passes run (``train.overlap_rewards``) or waited for just before them (the same memory
     but those passes' activations), and, for the HF engine's chunks of a single-turn rollout, while the next chunk
-    generates (:meth:`mmrl.train.collect.Collector.one_round`)."""
-    chunked = cfg.rollout.engine == "hf" and cfg.train.overlap_rewards and not cfg.rollout.env
-    return ("rollout", "log-probs") if chunked else ("log-probs",)
+    generates, and for the vLLM engine's groups as each finishes while the others generate
+    (:meth:`mmrl.train.collect.Collector.one_round`)."""
+    from mmrl.train.collect import reward_uses_vllm
+
+    overlapped = cfg.train.overlap_rewards and not cfg.rollout.env and cfg.rollout.engine in ("hf", "vllm")
+    if cfg.rollout.engine == "vllm" and any(reward_uses_vllm(r.options) for r in cfg.rewards):
+        overlapped = (
+            False  # a vLLM judge never runs while the policy's engine steps (Collector.judges_in_process)
+        )
+    return ("rollout", "log-probs") if overlapped else ("log-probs",)
 
 
 def _reward_rows(s: Setup) -> dict[str, dict[str, float]]:

@@ -214,6 +214,22 @@ class HFEngine(RolloutEngine):
             flat.extend(self._generate_batch(expanded[i : i + step], params))
         return [flat[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
+    def generate_streaming(
+        self,
+        prompts: list[EncodedPrompt],
+        params: SamplingParams,
+        on_group: Callable[[int, list[Completion]], None],
+    ) -> list[list[Completion]]:
+        """:meth:`generate`, each chunk of ``batch_size`` prompts handed over group by group as soon as it is done:
+        the same calls as :meth:`generate` makes, so the same completions."""
+        out: list[list[Completion]] = []
+        for s in range(0, len(prompts), max(1, self.batch_size)):
+            groups = self.generate(prompts[s : s + max(1, self.batch_size)], params)
+            for j, group in enumerate(groups):
+                on_group(s + j, group)
+            out += groups
+        return out
+
     def _processors(self, params: SamplingParams) -> tuple[list, _LogprobRecorder]:
         from transformers import (
             SuppressTokensLogitsProcessor,

@@ -139,7 +139,7 @@ class LATREngine(RolloutEngine):
         self.step = 0  # weight syncs so far: the training step, for the schedule
         self.counts: Counter = Counter()
         self.last_share = 0.0
-        self.records_versions = True  # the base engine's completions carry versions (HF does; vLLM does not)
+        self.records_versions = True  # the base engine's completions carry versions (HF and vLLM do)
 
     # the base engine's members
     def sync_weights(self) -> None:

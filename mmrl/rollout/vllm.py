@@ -49,7 +49,7 @@ It keeps the HF engine's contract, so the trainer cannot tell the two apart exce
   while requests run (vLLM refuses, or warns that its caches desync), so a reload with requests running resets
   them before the next call admits its requests: within one call, a request admitted before a reload may still
   reuse a prefix or an image embedding computed with the older weights, as a running request keeps its KV cache.
-- **Memory** (CUDA): with ``sleep_mode`` (default on CUDA) the engine sleeps after each generation (level 1: KV
+- **Memory** (CUDA): with ``sleep_mode`` (default on CUDA, but for ``in_flight``) the engine sleeps after each generation (level 1: KV
   cache dropped, weights offloaded to host memory) so the update has the GPU. :meth:`sync_weights` wakes it in
   the order that keeps the peak lowest: torch's cached blocks are returned to the driver, the weights are woken
   and overwritten by the stream, the cache is emptied again (the stream's transient gathers and casts), and only
@@ -75,6 +75,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -170,7 +171,8 @@ class VLLMEngine(RolloutEngine):
     - ``kv_cache_memory_bytes``: KV-cache size; default 1 GiB on CPU, and on CUDA derived from
       ``gpu_memory_utilization``.
     - ``sleep_mode``: release the KV cache and offload vLLM's weights between generation and the next weight sync
-      (default: on when CUDA is available; CPU builds of vLLM cannot sleep).
+      (default: on when CUDA is available, off for ``in_flight``, which never waits for the update; CPU builds of
+      vLLM cannot sleep).
     - ``enforce_eager``: skip CUDA graphs / torch.compile; default on CPU (compiling costs minutes there), off on CUDA.
     - ``tensor_parallel_size``: ranks per engine (consecutive ranks under a launcher; must divide their number).
     - ``max_model_len``: longest prompt + response in tokens; default the model's maximum.
@@ -287,9 +289,9 @@ class VLLMEngine(RolloutEngine):
         self._asleep = False
         self._warned = False
         self._lock = threading.RLock()  # in_flight: around each engine step, admission and weight reload
-        self._finished: dict[
-            str, Any
-        ] = {}  # in_flight: outputs finished in another caller's step, by request id
+        # in_flight: outputs finished in another caller's step, by request id
+        self._finished: dict[str, Any] = {}
+        self._pause_wanted = threading.Event()  # a reload waits for the lock: the step loops let it in first
         self._stale_caches = (
             False  # a reload ran while requests ran: reset the caches before the next admission
         )
@@ -331,8 +333,13 @@ class VLLMEngine(RolloutEngine):
         inside, so the weights may be replaced here; the running requests keep their KV cache."""
         if not self.in_flight:
             raise RuntimeError("VLLMEngine.paused needs in_flight=True")
-        with self._lock:
-            yield
+        self._pause_wanted.set()  # the step loops yield the lock to it (a released lock goes to whoever asks first)
+        try:
+            with self._lock:
+                self._pause_wanted.clear()
+                yield
+        finally:
+            self._pause_wanted.clear()
 
     # ---------------------------------------------------------------- generation
     def generate(self, prompts: list[EncodedPrompt], params: SamplingParams) -> list[list[Completion]]:
@@ -422,9 +429,6 @@ class VLLMEngine(RolloutEngine):
             _release_cached_blocks()
             self.llm.wake_up()
             self._asleep = False
-        if self._stale_caches:  # nothing runs between two calls: the reset that was deferred can happen now
-            with self._lock:
-                self._reset_caches()
         if streaming is None and not self.in_flight:
             for i, out in enumerate(self.llm.generate(requests, sampling, use_tqdm=False)):
                 at_end(i, out)
@@ -444,13 +448,17 @@ class VLLMEngine(RolloutEngine):
         running, so the engine is left without them."""
         engine = self.llm.llm_engine
         with self._lock:  # vLLM's prompt rendering is not made for two threads at once
+            if self._stale_caches and not engine.has_unfinished_requests():
+                self._reset_caches()  # deferred by a reload under running requests: nothing runs now
             ids = self.llm.enqueue(requests, sampling, use_tqdm=False)
         where = {rid.split("-", 1)[0]: i for i, rid in enumerate(ids)}
-        if len(where) != len(ids):
-            raise RuntimeError(f"vLLM gave {len(ids)} requests {len(where)} distinct ids: {ids[:4]}...")
         running = set(where)
         try:
+            if len(where) != len(ids):
+                raise RuntimeError(f"vLLM gave {len(ids)} requests {len(where)} distinct ids: {ids[:4]}...")
             while running:
+                while self._pause_wanted.is_set():
+                    time.sleep(0.0005)
                 with self._lock:
                     if not engine.has_unfinished_requests() and not running & self._finished.keys():
                         raise RuntimeError(
@@ -552,8 +560,11 @@ class VLLMEngine(RolloutEngine):
             self._reset_caches()
 
     def _reset_caches(self) -> None:
-        """Forget the prefixes and image embeddings computed with older weights."""
-        self.llm.reset_prefix_cache()
+        """Forget the prefixes and image embeddings computed with older weights; when vLLM refuses (a request still
+        holds blocks), they stay marked stale for the next admission."""
+        if self.llm.reset_prefix_cache() is False:
+            self._stale_caches = True
+            return
         self.llm.llm_engine.reset_encoder_cache()
         self._stale_caches = False
 

@@ -292,6 +292,23 @@ def check_async(cfg: Config) -> None:
             f"rollout.max_staleness {k} with rollout.engine {cfg.rollout.engine!r}: only the hf and vllm engines swap "
             f"weights while they generate; set rollout.engine: hf or vllm, or rollout.max_staleness: 0 {why}"
         )
+    if r.engine == "vllm":
+        from mmrl.train.collect import reward_uses_vllm
+
+        for key in ("sleep_mode", "async_scheduling"):
+            if r.engine_options.get(key):
+                raise ConfigError(
+                    f"rollout.max_staleness {k} with rollout.engine_options.{key}: true: the vLLM engine keeps "
+                    f"generating while the trainer updates, so it never sleeps, and a step's tokens must be labelled "
+                    f"with the weights of the forward that just ran; leave {key} unset {why}"
+                )
+        judges = [x.name for x in cfg.rewards if reward_uses_vllm(x.options)]
+        if judges:
+            raise ConfigError(
+                f"rollout.max_staleness {k} with rollout.engine vllm and the vLLM judge of reward(s) {judges}: the "
+                f"judge would run while the policy's engine steps in the same process (vLLM keeps one forward context "
+                f"per process); use engine: hf for the judge, serve it (reward server), or set rollout.engine: hf {why}"
+            )
     if cfg.algo.old_logprobs == "rollout":
         raise ConfigError(
             f"rollout.max_staleness {k}: set algo.old_logprobs: recompute or interpolate (decoupled PPO's proximal policy, the "

@@ -62,6 +62,13 @@ ROLLOUTS_LOGGED = 2  # groups per step written to rollouts.jsonl (and kept rende
 MAX_REDRAWS = 8  # rounds of fresh draws for records that fail to encode, before the step fails
 
 
+def reward_uses_vllm(options: Any) -> bool:
+    """Whether a reward's options (nested ones included: a judge inside a composite) load a model on vLLM."""
+    if isinstance(options, dict):
+        return options.get("engine") == "vllm" or any(reward_uses_vllm(v) for v in options.values())
+    return False
+
+
 class SamplingExhausted(RuntimeError):
     """Dynamic sampling found too few informative groups within its tries."""
 
@@ -175,6 +182,12 @@ class Collector:
     @property
     def multi_turn(self) -> bool:
         return bool(self.cfg.rollout.env)
+
+    @property
+    def judges_in_process(self) -> bool:
+        """Whether a reward runs a vLLM engine in this process (a judge): it must not run while the policy's vLLM
+        engine steps (vLLM keeps one forward context per process, and one allocator that its sleep walks whole)."""
+        return any(reward_uses_vllm(r.options) for r in self.cfg.rewards)
 
     def pool(self) -> Any:
         """The env pool (started on first use): ``rollout.episode.env_workers`` processes, folders under DIR/episodes."""
@@ -311,9 +324,11 @@ class Collector:
         # chunks: the HF engine generates batch_size prompts at a time anyway; an engine that schedules the whole
         # batch itself (vLLM) gets it at once, and each group's rewards start as soon as the engine has finished it
         # (``stream``); episodes batch every live episode of the round at each turn: one chunk
-        overlap = self.cfg.train.overlap_rewards
-        whole = self.engine.owns_weights or not overlap or self.multi_turn
-        stream = self.engine.owns_weights and overlap and not self.multi_turn
+        overlapped = self.cfg.train.overlap_rewards  # (``overlap`` is whether the caller waits for them)
+        whole = self.engine.owns_weights or not overlapped or self.multi_turn
+        stream = (
+            self.engine.owns_weights and overlapped and not self.multi_turn and not self.judges_in_process
+        )
         chunk = len(local) if whole else max(1, self.engine.batch_size)
         trajs_local: list[list[Trajectory]] = []
         futures: list[Future] = []

@@ -75,11 +75,17 @@ def answer_logprobs(
 
 
 def correction(
-    a: AlgoConfig, logp: torch.Tensor, rollout_logp: torch.Tensor, batch: RolloutBatch
+    a: AlgoConfig,
+    logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    batch: RolloutBatch,
+    lags: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
     """``algo.rollout_correction`` of the engine's log-probs against the recomputed ones, and the mismatch numbers;
     the rows an augmenter placed (``batch.placed_rows``: another prompt's or temperature's log-probs) are no
-    mismatch: left out of the numbers, weight 1."""
+    mismatch: left out of the numbers, weight 1. ``lags`` ``[N, T]`` (asynchronous rollouts: how many versions
+    older than the proximal policy each token's sampler was) adds the mismatch per lag,
+    ``rollout/logprob_diff_mean/lag<L>``: how far the behaviour policy drifts from the proximal one as it ages."""
     placed = sorted(batch.placed_rows)
     mask = batch.mask
     if placed:
@@ -88,6 +94,20 @@ def correction(
     weights, stats = rollout_correction(
         a.rollout_correction, logp, rollout_logp, mask, cap=a.rollout_correction_cap
     )
+    if lags is not None:
+        stats |= mismatch_by_lag(logp, rollout_logp, mask, lags)
     if weights is not None and placed:
         weights[placed] = batch.mask[placed]
     return weights, stats
+
+
+def mismatch_by_lag(
+    logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, lags: torch.Tensor
+) -> dict[str, float]:
+    """Mean |log pi_prox - log mu| over the real tokens of each lag present (``[N, T]`` each)."""
+    real = mask.bool()
+    diff, lag = (logp - rollout_logp).abs()[real], lags.to(real.device)[real]
+    return {
+        f"rollout/logprob_diff_mean/lag{int(v)}": diff[lag == v].mean().item()
+        for v in torch.unique(lag).tolist()
+    }

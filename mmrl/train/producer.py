@@ -20,6 +20,9 @@ batches were produced but never trained: none lost, none used twice. Their rollo
 weights), not saved.
 
 Metrics per step: ``async/staleness_mean|max`` (over the batch's sampled tokens: t - 1 - the token's version),
+``async/staleness_tokens/lag<L>`` (how many of them are L versions old, L = 0 .. the batch's max: the report's
+histogram), ``rollout/logprob_diff_mean/lag<L>`` (the rollout/proximal mismatch of those tokens,
+:func:`mmrl.train.no_grad.correction`),
 ``async/version_span`` (the mean over responses of the newest minus the oldest version among its tokens: an in-flight
 update within a response), ``async/ahead`` (batches ready when the trainer asked), ``time/train_idle`` (the trainer
 waiting for a batch) and ``time/rollout_idle`` (the producer waiting for the staleness bound).
@@ -31,6 +34,7 @@ import copy
 import queue
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 from mmrl.config import Config
@@ -132,7 +136,8 @@ class Producer:
 
 
 def staleness_stats(got: Collected, step: int) -> dict[str, float]:
-    """``async/staleness_mean|max`` and ``async/version_span`` of a batch trained at ``step`` (version step - 1)."""
+    """``async/staleness_mean|max``, ``async/version_span`` and ``async/staleness_tokens/lag<L>`` (the sampled tokens
+    L versions old: the report's histogram) of a batch trained at ``step`` (version step - 1)."""
     lags: list[int] = []
     spans: list[int] = []
     for row in got.trajectories:
@@ -143,8 +148,9 @@ def staleness_stats(got: Collected, step: int) -> dict[str, float]:
                 spans.append(max(versions) - min(versions))
     if not lags:
         return {}
+    counts = Counter(lags)
     return {
         "async/staleness_mean": sum(lags) / len(lags),
         "async/staleness_max": float(max(lags)),
         "async/version_span": sum(spans) / len(spans),
-    }
+    } | {f"async/staleness_tokens/lag{lag}": float(counts[lag]) for lag in range(max(lags) + 1)}

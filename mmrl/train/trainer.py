@@ -382,7 +382,10 @@ class Trainer:
         if a.old_logprobs == "recompute" or self.estimator.needs_entropy:
             logp, ent = self.forward_no_grad(self.policy, batch, with_entropy=self.estimator.needs_entropy)
             if a.old_logprobs == "recompute":  # the engine's log-probs (old) against the training forward's
-                batch.rollout_weights, self.mismatch = no_grad.correction(a, logp, old, batch)
+                # asynchronous: the proximal policy is this step's weights (version self.step), each token's
+                # sampler lags behind it by versions
+                lags = self.step - batch.versions(self.step) if self.cfg.rollout.max_staleness > 0 else None
+                batch.rollout_weights, self.mismatch = no_grad.correction(a, logp, old, batch, lags)
                 batch.old_logp = logp
             batch.entropy = ent
         return batch
