@@ -48,3 +48,14 @@ train: {{prompts_per_step: 4, save_every: 2, keep_checkpoints: 0, progress: fals
 """
     )
     return cfg
+
+
+def rollout_ids(out: Path) -> dict[int, list[str]]:
+    """Each step's record ids in a run's rollouts.jsonl, in order: what a resumed run is compared on."""
+    import json
+
+    ids: dict[int, list[str]] = {}
+    for line in (out / "rollouts.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        ids.setdefault(row["step"], []).append(row["id"])
+    return ids

@@ -4,13 +4,13 @@ weights, tokens before it from the old); a k = 1 run trains on batches one versi
 idle times, and a run killed with SIGKILL mid-update resumes drawing exactly the prompts of the uninterrupted run (none
 lost, none twice); what the producer cannot do yet is refused at pre-flight."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from multiproc import rollout_ids
 from PIL import Image
 
 from mmrl.config import ConfigError, ModelConfig, RewardEntry, load_config
@@ -95,14 +95,6 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
 
 
-def _ids(out: Path) -> dict[int, list[str]]:
-    ids: dict[int, list[str]] = {}
-    for line in (out / "rollouts.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        ids.setdefault(row["step"], []).append(row["id"])
-    return ids
-
-
 @pytest.mark.slow
 def test_a_run_ahead_by_two_versions_resumes_after_sigkill_with_no_prompt_lost_or_twice(tmp_path):
     full = _train(tmp_path / "full", "--max-steps", "6")
@@ -121,7 +113,7 @@ def test_a_run_ahead_by_two_versions_resumes_after_sigkill_with_no_prompt_lost_o
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # every step trained the prompts the uninterrupted run trained: the checkpoint's sampler state is from before
     # the oldest batch produced and not trained
-    assert _ids(tmp_path / "split") == _ids(tmp_path / "full")
+    assert rollout_ids(tmp_path / "split") == rollout_ids(tmp_path / "full")
 
 
 def test_what_runs_asynchronously_today_is_checked_at_pre_flight(monkeypatch):

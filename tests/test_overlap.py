@@ -65,6 +65,11 @@ def _run(tmp_path: Path, overlap: bool, monkeypatch) -> list[dict]:
     monkeypatch.setattr(HFEngine, "generate", generate)
     if not (tmp_path / "data").exists():
         build(tmp_path / "data", n_train=16, n_eval=4, seed=3)
+    return _train(tmp_path, "test_overlap_probe", 8, overlap)
+
+
+def _train(tmp_path: Path, reward: str, prompts: int, overlap: bool) -> list[dict]:
+    """Two steps of the tiny model on the shapes data in ``tmp_path / data``, scored by ``reward``."""
     cfg = tmp_path / f"cfg-{overlap}.yaml"
     cfg.write_text(
         f"""
@@ -73,8 +78,8 @@ data: {{train: data/train.jsonl}}
 rollout: {{n: 4, max_new_tokens: 12, batch_size: 2, temperature: 1.0}}
 algo: {{kl_coef: 0.05}}
 optim: {{lr: 0.001, micro_batch_size: 8}}
-rewards: [{{name: test_overlap_probe}}]
-train: {{prompts_per_step: 8, progress: false, seed: 4, overlap_rewards: {str(overlap).lower()}}}
+rewards: [{{name: {reward}}}]
+train: {{prompts_per_step: {prompts}, progress: false, seed: 4, overlap_rewards: {str(overlap).lower()}}}
 """
     )
     out = tmp_path / f"out-{overlap}"
@@ -153,21 +158,7 @@ def test_an_engine_that_finishes_groups_one_by_one_has_each_scored_before_the_ne
     runs = {}
     for overlap in (True, False):
         STREAMED = Streamed()
-        cfg = tmp_path / f"cfg-{overlap}.yaml"
-        cfg.write_text(
-            f"""
-model: {{path: {TINY}, min_pixels: 3136, max_pixels: 3136}}
-data: {{train: data/train.jsonl}}
-rollout: {{n: 4, max_new_tokens: 12, batch_size: 2, temperature: 1.0}}
-algo: {{kl_coef: 0.05}}
-optim: {{lr: 0.001, micro_batch_size: 8}}
-rewards: [{{name: test_overlap_streamed}}]
-train: {{prompts_per_step: 4, progress: false, seed: 4, overlap_rewards: {str(overlap).lower()}}}
-"""
-        )
-        out = tmp_path / f"out-{overlap}"
-        assert main(["train", str(cfg), "--output-dir", str(out), "--max-steps", "2"]) == 0
-        runs[overlap] = read_metrics(out / "metrics.jsonl")
+        runs[overlap] = _train(tmp_path, "test_overlap_streamed", 4, overlap)
         if overlap:  # one scoring call per group (4 responses), each before the next group came
             assert STREAMED.batch_sizes == [4] * 8 and STREAMED.waits == [True] * 8
         else:  # the round scored at once, after generation

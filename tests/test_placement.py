@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from multiproc import BASE_ENV, ROOT, shapes_run_config
+from multiproc import BASE_ENV, ROOT, rollout_ids, shapes_run_config
 
 from mmrl.run.metrics import read_metrics
 from mmrl.train.placement import buckets
@@ -30,14 +30,6 @@ def _launch(
 
 def _steps(out: Path) -> list[dict]:
     return [r for r in read_metrics(out / "metrics.jsonl") if "reward/mean" in r]
-
-
-def _ids(out: Path) -> dict[int, list[str]]:
-    ids: dict[int, list[str]] = {}
-    for line in (out / "rollouts.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        ids.setdefault(row["step"], []).append(row["id"])
-    return ids
 
 
 def test_buckets_keep_one_dtype_and_a_size_limit():
@@ -103,4 +95,4 @@ def test_a_run_ahead_by_one_version_resumes_after_sigkill_with_no_prompt_lost_or
     assert (tmp_path / "split" / "checkpoints" / "step-4").is_dir()
     resumed = _launch(2, cfg, tmp_path / "split", *args, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert _ids(tmp_path / "split") == _ids(tmp_path / "full")
+    assert rollout_ids(tmp_path / "split") == rollout_ids(tmp_path / "full")

