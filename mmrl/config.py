@@ -170,6 +170,11 @@ class EpisodeConfig:
     observation_role: Literal["user", "tool"] = opt("the chat role of observation turns", "user")
     env_workers: int = opt("env worker processes (0: in this process, for debugging)", 2)
     env_timeout_s: float = opt("deadline of one env reset or step (the episode ends with an error)", 60.0)
+    env_start_timeout_s: float = opt(
+        "how long an env worker may take to start, at the run's start and after a restart (a worker that does not "
+        "start ends the run)",
+        120.0,
+    )
     schedule: Literal["lockstep", "continuous"] = opt(
         "'lockstep': each turn, one engine call for every live episode, then all step; 'continuous': an episode "
         "whose step is back generates its next turn while slower steps still run (docs/agents.md#continuous-episodes)",

@@ -318,3 +318,17 @@ def test_a_hung_oracle_times_out_and_the_episode_is_replayed(tmp_path):
 def test_result_types_are_plain_data():
     r = StepResult(Observation("t", ["a.png"], "k"), 1.0, False, {"x": 1})
     assert r.observation.images == ["a.png"] and StepResult(None, 0.0, True).info == {}
+
+
+def test_a_worker_that_does_not_start_in_time_names_the_setting_to_raise(tmp_path):
+    """A worker's start (its imports) has its own deadline, rollout.episode.env_start_timeout_s: on a machine under
+    heavy load a restart mid-run can miss the default 120 s, and the error says which setting gives it longer."""
+    from mmrl.config import EpisodeConfig
+
+    pool = EnvPool.for_episodes(tmp_path, EpisodeConfig(env_workers=1, env_start_timeout_s=0.001))
+    assert pool.start_timeout_s == 0.001
+    with pytest.raises(
+        RuntimeError, match=r"did not start within 0 s .*rollout\.episode\.env_start_timeout_s"
+    ):
+        pool.reset(_episodes(1))
+    pool.close()

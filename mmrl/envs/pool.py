@@ -269,8 +269,15 @@ class _Worker:
         self.proc.join(timeout=0.5)
         code = self.proc.exitcode
         self.kill()
-        why = f"exited with code {code}" if code is not None else f"did not start within {timeout_s:.0f} s"
-        raise RuntimeError(f"env worker {self.proc.name} {why}; its stderr says why")
+        if code is not None:
+            raise RuntimeError(
+                f"env worker {self.proc.name} exited with code {code} while starting; its stderr says why"
+            )
+        raise RuntimeError(
+            f"env worker {self.proc.name} did not start within {timeout_s:.0f} s (its imports and its env's set-up; "
+            "a machine under heavy load starts workers slowly: raise rollout.episode.env_start_timeout_s); its "
+            "stderr says why"
+        )
 
     def exit_text(self) -> str:
         self.proc.join(timeout=1.0)
@@ -345,8 +352,14 @@ class EnvPool:
 
     @classmethod
     def for_episodes(cls, root: str | Path, settings: EpisodeConfig) -> EnvPool:
-        """The pool that runs episodes as ``settings`` say (its ``env_workers`` and ``env_timeout_s``)."""
-        return cls(root, workers=settings.env_workers, timeout_s=settings.env_timeout_s)
+        """The pool that runs episodes as ``settings`` say (its ``env_workers``, ``env_timeout_s`` and
+        ``env_start_timeout_s``)."""
+        return cls(
+            root,
+            workers=settings.env_workers,
+            timeout_s=settings.env_timeout_s,
+            start_timeout_s=settings.env_start_timeout_s,
+        )
 
     # -- public ------------------------------------------------------------------------------------------------
 
