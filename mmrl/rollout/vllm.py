@@ -530,15 +530,6 @@ class VLLMEngine(RolloutEngine):
             self._load_weights()
             self.version = self._version + 1
 
-    def take_pushed(self, load: Callable[[], None], version: int) -> None:
-        """A generating process of a separate placement: ``load`` writes the pushed weights into the policy's
-        parameters (generation does not read them: vLLM has its own copy), then the engine reloads them between two
-        decoding steps as ``version``."""
-        load()
-        with self.paused():
-            self._load_weights()
-            self.version = version
-
     def _load_weights(self) -> None:
         asleep = self._asleep
         if asleep:
