@@ -3,8 +3,9 @@ reload lands between two engine steps of a running request (``VLLMEngine(in_flig
 carry the new version (vLLM's own weight-version spans) and were drawn from the new weights, the tokens before it
 from the old; the prefix and image caches that vLLM cannot reset under a running request are reset before the next
 call, which then samples exactly the new weights. A one-process ``rollout.max_staleness=2`` run with
-``rollout.engine=vllm`` trains on batches up to two versions old, and killed with SIGKILL mid-update it resumes
-drawing exactly the prompts of the uninterrupted run.
+``rollout.engine=vllm`` trains on batches up to two versions old while its held-out evaluations generate with the
+same engine from the trainer's thread, and killed with SIGKILL mid-update it resumes drawing exactly the prompts of
+the uninterrupted run.
 
 Run with `bash scripts/setup-vllm-cpu.sh && .venv-vllm/bin/python -m pytest -m vllm`."""
 
@@ -190,7 +191,8 @@ def _train(cfg: Path, out: Path, *args: str, fault: str | None = None) -> subpro
     cmd += [str(ROOT / "tests" / "fault_launch.py"), fault, "--"] if fault else ["-m", "mmrl"]
     cmd += ["train", str(cfg), "--output-dir", str(out), "--max-steps", "6", *args]
     cmd += ["rollout.engine=vllm", "rollout.max_staleness=2", "algo.old_logprobs=recompute"]
-    cmd += ["algo.rollout_correction=tis_token", "train.save_every=2", "eval.every=0"]
+    # held-out evaluations every 2 steps: the trainer's thread generates with the engine while the producer's does
+    cmd += ["algo.rollout_correction=tis_token", "train.save_every=2", "eval.every=2", "eval.max_samples=4"]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cfg.parent, env=BASE_ENV, timeout=900)
 
 
@@ -205,6 +207,8 @@ def test_a_vllm_run_ahead_by_two_versions_resumes_after_sigkill_with_no_prompt_l
         assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= 2
         assert "time/train_idle" in r and "time/rollout_idle" in r
     assert max(r["async/staleness_max"] for r in rows) >= 1  # the producer ran ahead
+    evals = [r["step"] for r in read_metrics(tmp_path / "full" / "metrics.jsonl") if "eval/accuracy" in r]
+    assert evals == [0, 2, 4, 6], evals
     killed = _train(cfg, tmp_path / "split", fault="kill:0:5")
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert (tmp_path / "split" / "checkpoints" / "step-4").is_dir()
