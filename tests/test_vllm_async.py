@@ -190,7 +190,13 @@ def _train(cfg: Path, out: Path, *args: str, fault: str | None = None) -> subpro
     cmd = [sys.executable]
     cmd += [str(ROOT / "tests" / "fault_launch.py"), fault, "--"] if fault else ["-m", "mmrl"]
     cmd += ["train", str(cfg), "--output-dir", str(out), "--max-steps", "6", *args]
-    cmd += ["rollout.engine=vllm", "rollout.max_staleness=2", "algo.old_logprobs=recompute"]
+    # the uniform sampler: VADE's later draws depend on the rewards of the batches regenerated after the resume
+    cmd += [
+        "rollout.engine=vllm",
+        "rollout.max_staleness=2",
+        "algo.old_logprobs=recompute",
+        "sampler.name=uniform",
+    ]
     # held-out evaluations every 2 steps: the trainer's thread generates with the engine while the producer's does
     cmd += ["algo.rollout_correction=tis_token", "train.save_every=2", "eval.every=2", "eval.max_samples=4"]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cfg.parent, env=BASE_ENV, timeout=900)
