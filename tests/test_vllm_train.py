@@ -111,7 +111,7 @@ def test_vllm_outside_the_tested_range_is_refused_with_the_install_command(monke
         return real_version(dist)
 
     monkeypatch.setattr(vllm_engine.importlib.metadata, "version", version)
-    monkeypatch.setattr(vllm_engine, "_engine_arg_names", lambda: set(vllm_engine.ENGINE_ARGS))
+    monkeypatch.setattr(vllm_engine, "engine_arg_names", lambda: set(vllm_engine.ENGINE_ARGS))
     cfg = load_config(None, [f"model.path={TINY}", "rollout.engine=vllm"])
     with pytest.raises(ConfigError) as err:
         check_components(cfg)
@@ -139,7 +139,7 @@ def test_captured_engine_args_are_the_installed_vllms():
 
     real = {f.name for f in dataclasses.fields(EngineArgs) if not f.name.startswith("_")}
     real |= set(inspect.signature(LLM.__init__).parameters) - {"self", "kwargs"}
-    assert vllm_engine._engine_arg_names() == real == set(vllm_engine.ENGINE_ARGS)
+    assert vllm_engine.engine_arg_names() == real == set(vllm_engine.ENGINE_ARGS)
     vllm_engine.VLLMEngine.check()  # the installed vLLM is inside the range
 
 
