@@ -1,15 +1,19 @@
 """Learning past the cliff (issue 36): the methods for groups that teach nothing, side by side with GRPO and DAPO on
-the geometry tiny recipe (recipes/geometry/tiny-vade.yaml with the uniform sampler, so the sampler does not pick the
-prompts), from its shipped warm start, the same seeds and steps.
+a tiny recipe from its shipped warm start, the same seeds and steps: geometry (recipes/geometry/tiny-vade.yaml with
+the uniform sampler, so the sampler does not pick the prompts), pathology (recipes/pathology/tiny.yaml, whose region
+questions the warm start never gets right) or table2latex (recipes/table2latex/tiny.yaml). Each recipe's hint builder,
+failure level and steps are in :data:`RECIPES`.
 
-    OMP_NUM_THREADS=1 python benchmarks/cliff.py [--methods grpo dapo ngrpo dgpo agrae ghpo scaf critique latr] [--seeds 0 1 2]
-        [--steps 60] [--out runs/cliff] [--hard] [key=value ...]
+    OMP_NUM_THREADS=1 python benchmarks/cliff.py [--recipe geometry|pathology|table2latex]
+        [--methods grpo dapo ngrpo dgpo agrae ghpo scaf critique latr] [--seeds 0 1 2]
+        [--steps N] [--out runs/cliff] [--hard] [key=value ...]
 
 ``--hard`` first writes the recipe's hard split (:func:`hard_split`: the records on which all 8 of the warm start's
 samples fail) and trains and evaluates on it: the cliff itself, where GRPO's groups are flat at 0.
 
 Per method and seed: the share of zero-signal groups (all rewards equal: ``1 - rollout/groups_with_signal``, over the
-groups the update sees, after any hints), the responses generated (on-policy groups x n, DAPO's extra rounds and the hints' and passes'
+groups the update sees, after any hints), the share of unsolved groups (no response reaches the recipe's success
+threshold: ``1 - rollout/groups_solved``; on a continuous reward a group can be unsolved and still carry signal), the responses generated (on-policy groups x n, DAPO's extra rounds and the hints' and passes'
 ``*/extra_samples`` included), the held-out accuracy at the start and the end, and the wall time. Then one row per
 method: mean (min-max) over the seeds, and the held-out accuracy per 1,000 responses generated (equal rollout budget)
 and per minute (equal wall clock). A method whose ``<out>/<method>/summary.json`` exists is read back, not rerun.
@@ -26,25 +30,70 @@ from pathlib import Path
 from recipe_runs import train_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPE = ROOT / "recipes" / "geometry" / "tiny-vade.yaml"
-HINTS = ["algo.augment_options={hints: geometry, fail_at: 0.1}"]  # a well-formatted wrong answer earns 0.1
-METHODS: dict[str, list[str]] = {
-    "grpo": [],
-    "dapo": ["algo.dynamic_sampling=true"],
-    "ngrpo": ["algo.advantage=ngrpo", "algo.clip_low=0.16", "algo.clip_high=0.24"],
-    "dgpo": ["algo.advantage=dgpo"],
-    "agrae": ["algo.advantage=agrae"],
-    "ghpo": ["algo.augment=ghpo", *HINTS],
-    "scaf": ["algo.augment=scaf", "algo.augment_options={hints: geometry, fail_at: 0.1, warmup_steps: 10}"],
-    "critique": ["algo.augment=critique", "algo.loss=critique", "algo.advantage=dr_grpo"],
-    "latr": ["rollout.engine=latr"],
+RECIPES: dict[str, dict] = {
+    # recipe, overrides every run gets, the hint builder, the reward at or below which a sample counts as failed (a
+    # well-formatted wrong geometry answer earns 0.1; pathology and table2latex pay continuous parts, so a sample
+    # fails below the recipe's success threshold), and the training steps and held-out records
+    "geometry": {
+        "recipe": ROOT / "recipes" / "geometry" / "tiny-vade.yaml",
+        "base": ["sampler.name=uniform", "sampler.options={}"],
+        "hints": "geometry",
+        "fail_at": 0.1,
+        "success_at": 1.0,
+        "steps": 60,
+        "eval": 200,
+    },
+    "pathology": {
+        "recipe": ROOT / "recipes" / "pathology" / "tiny.yaml",
+        "base": [],
+        "hints": "pathology",
+        "fail_at": 0.899,  # right answer and box IoU >= 0.5 (or a right answer without a region) reach 0.9
+        "success_at": 0.9,
+        "steps": 100,
+        "eval": 200,
+    },
+    "table2latex": {
+        "recipe": ROOT / "recipes" / "table2latex" / "tiny.yaml",
+        "base": [],
+        "hints": "table2latex",
+        "fail_at": 0.749,  # the recipe's success threshold is 0.75
+        "success_at": 0.75,
+        "steps": 40,
+        "eval": 64,
+    },
 }
-BASE = ["sampler.name=uniform", "sampler.options={}"]
 
 
-def hard_split(out: Path, fail_at: float = 0.1, group: int = 8, seed: int = 0) -> list[str]:
+def methods(spec: dict) -> dict[str, list[str]]:
+    """Each method's overrides on the recipe ``spec``."""
+    h, f, ok = spec["hints"], spec["fail_at"], spec["success_at"]
+    return {
+        "grpo": [],
+        "dapo": ["algo.dynamic_sampling=true"],
+        "ngrpo": ["algo.advantage=ngrpo", "algo.clip_low=0.16", "algo.clip_high=0.24"],
+        "dgpo": ["algo.advantage=dgpo"],
+        "agrae": ["algo.advantage=agrae"],
+        "ghpo": ["algo.augment=ghpo", f"algo.augment_options={{hints: {h}, fail_at: {f}}}"],
+        "scaf": [
+            "algo.augment=scaf",
+            f"algo.augment_options={{hints: {h}, fail_at: {f}, success_at: {ok}, warmup_steps: 10}}",
+        ],
+        "critique": [
+            "algo.augment=critique",
+            f"algo.augment_options={{success_at: {ok}}}",
+            "algo.loss=critique",
+            "algo.advantage=dr_grpo",
+        ],
+        "latr": ["rollout.engine=latr"],
+    }
+
+
+METHODS = list(methods(RECIPES["geometry"]))
+
+
+def hard_split(spec: dict, out: Path, group: int = 8, seed: int = 0) -> list[str]:
     """The recipe's "hard" split: the train and held-out records on which the warm start's ``group`` samples (the
-    recipe's temperature and rewards) all score at most ``fail_at``, written beside the recipe's data as
+    recipe's temperature and rewards) all score at most ``spec["fail_at"]``, written beside the recipe's data as
     ``hard_train.jsonl`` and ``hard_eval.jsonl`` (the original lines, so image paths still resolve). Returns the
     overrides that train and evaluate on them. Made once: existing files are reused."""
     import torch
@@ -54,7 +103,8 @@ def hard_split(out: Path, fail_at: float = 0.1, group: int = 8, seed: int = 0) -
     from mmrl.rollout import SamplingParams
     from mmrl.train.trainer import Trainer
 
-    cfg = load_config(RECIPE, BASE)
+    fail_at = spec["fail_at"]
+    cfg = load_config(spec["recipe"], spec["base"])
     data = Path(cfg.data.train).parent
     files = {"train": data / "hard_train.jsonl", "eval": data / "hard_eval.jsonl"}
     if not all(f.exists() for f in files.values()):
@@ -69,7 +119,7 @@ def hard_split(out: Path, fail_at: float = 0.1, group: int = 8, seed: int = 0) -
                 hard = set()
                 for i in range(0, len(samples), 64):
                     chunk = samples[i : i + 64]
-                    _, rewards = c.rollout(chunk, params)
+                    _, rewards, _ = c.rollout(chunk, params)
                     hard |= {s.id for s, r in zip(chunk, rewards) if bool((r <= fail_at).all())}
                 lines = [ln for ln in Path(src).read_text().splitlines() if ln.strip()]
                 kept = [ln for ln in lines if json.loads(ln)["id"] in hard]
@@ -82,26 +132,29 @@ def hard_split(out: Path, fail_at: float = 0.1, group: int = 8, seed: int = 0) -
     return [f"data.train={files['train']}", f"data.eval={files['eval']}"]
 
 
-def one(method: str, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
+def one(spec: dict, method: str, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
     cfg, rows, wall = train_recipe(
-        RECIPE,
+        spec["recipe"],
         out,
-        [*BASE, *METHODS[method], *extra],
+        [*spec["base"], *methods(spec)[method], *extra],
         seed=seed,
         steps=steps,
         eval_every=steps,
-        eval_samples=200,
+        eval_samples=spec["eval"],
     )
     train = [r for r in rows if "rollout/groups_with_signal" in r]
     n = cfg.rollout.n
     generated = sum(r.get("rollout/groups_generated", cfg.train.prompts_per_step) * n for r in train)
     generated += sum(v for r in train for k, v in r.items() if k.endswith("/extra_samples"))
-    evals = [r["eval/accuracy"] for r in sorted(rows, key=lambda r: r["step"]) if "eval/accuracy" in r]
+    ordered = sorted((r for r in rows if "eval/accuracy" in r), key=lambda r: r["step"])
+    evals = [r["eval/accuracy"] for r in ordered]
     return {
         "seed": seed,
         "zero_signal": 1 - statistics.mean(r["rollout/groups_with_signal"] for r in train),
+        "unsolved": 1 - statistics.mean(r["rollout/groups_solved"] for r in train),
         "responses": generated,
         "accuracy": [evals[0], evals[-1]],
+        "reward": [ordered[0]["eval/reward_mean"], ordered[-1]["eval/reward_mean"]],
         "wall_s": wall,
     }
 
@@ -112,16 +165,19 @@ def span(values: list[float], fmt: str = ".3f") -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--recipe", default="geometry", choices=list(RECIPES))
+    p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, help="training steps (default: the recipe's, geometry 60)")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "cliff")
     p.add_argument("--hard", action="store_true", help="train and evaluate on the hard split (hard_split)")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args()
     os.chdir(ROOT)
+    spec = RECIPES[a.recipe]
+    a.steps = a.steps or spec["steps"]
     if a.hard:
-        a.overrides = [*hard_split(a.out / "hard_split"), *a.overrides]
+        a.overrides = [*hard_split(spec, a.out / "hard_split"), *a.overrides]
     table = {}
     for method in a.methods:
         done = a.out / method / "summary.json"
@@ -132,7 +188,7 @@ def main() -> None:
         runs = []
         for seed in a.seeds:
             try:
-                r = one(method, seed, a.steps, a.out / method / f"seed{seed}", a.overrides)
+                r = one(spec, method, seed, a.steps, a.out / method / f"seed{seed}", a.overrides)
             except (
                 Exception
             ) as e:  # DAPO on the hard split may exhaust its sampling rounds: a result, said so
@@ -149,11 +205,12 @@ def main() -> None:
         done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(json.dumps(runs, indent=1))
     split = "the hard split" if a.hard else "the recipe's data"
-    print(f"\ngeometry tiny (uniform sampler) on {split}, {a.steps} steps, seeds {a.seeds}: mean (min-max)")
+    print(f"\n{a.recipe} tiny on {split}, {a.steps} steps, seeds {a.seeds}: mean (min-max)")
     print(
-        "| method | zero-signal groups | responses | held-out accuracy end | gain | gain per 1k responses | gain per minute |"
+        "| method | zero-signal groups | unsolved groups | responses | held-out accuracy end | gain "
+        "| gain per 1k responses | gain per minute | held-out reward end |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for method, every in table.items():
         runs = [r for r in every if "error" not in r]
         if len(runs) < len(every):
@@ -165,10 +222,13 @@ def main() -> None:
         gain = [r["accuracy"][1] - r["accuracy"][0] for r in runs]
         per_k = [g / r["responses"] * 1000 for g, r in zip(gain, runs)]
         per_min = [g / r["wall_s"] * 60 for g, r in zip(gain, runs)]
+        unsolved = span([r["unsolved"] for r in runs]) if all("unsolved" in r for r in runs) else "-"
+        reward = span([r["reward"][1] for r in runs]) if all("reward" in r for r in runs) else "-"
         print(
-            f"| {method} | {span([r['zero_signal'] for r in runs])} | {span([r['responses'] for r in runs], '.0f')} | "
-            f"{span([r['accuracy'][1] for r in runs])} | {statistics.mean(gain):+.3f} | "
-            f"{statistics.mean(per_k):+.4f} | {statistics.mean(per_min):+.4f} |"
+            f"| {method} | {span([r['zero_signal'] for r in runs])} | {unsolved} | "
+            f"{span([r['responses'] for r in runs], '.0f')} | {span([r['accuracy'][1] for r in runs])} | "
+            f"{statistics.mean(gain):+.3f} | {statistics.mean(per_k):+.4f} | {statistics.mean(per_min):+.4f} | "
+            f"{reward} |"
         )
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "summary.json").write_text(json.dumps(table, indent=1))

@@ -115,3 +115,19 @@ def test_groups_with_signal():
     r = torch.tensor([[1.0, 0.0, 1.0], [0.5, 0.5, 0.5], [0.0, 0.0, 0.2]])
     assert groups_with_signal(r).tolist() == [True, False, True]
     assert groups_with_signal(torch.tensor([[1.0]])).tolist() == [False]
+
+
+def test_rollout_stats_counts_solved_groups_apart_from_signal():
+    """A group with differing rewards but no response at the success threshold carries signal and is unsolved (the
+    cliff on a continuous reward); an all-right group is solved with no signal."""
+    from mmrl.rollout import Completion
+    from mmrl.train.collect import Collected
+    from mmrl.train.step_stats import rollout_stats
+
+    rewards = torch.tensor([[0.2, 0.6], [0.9, 0.9], [0.1, 0.1], [0.9, 0.3]])
+    comp = Completion([1, 2], "a", [0.0, 0.0], "stop")
+    got = Collected(list(range(4)), [None] * 4, [None] * 4, [[comp, comp]] * 4, rewards, [])
+    stats = rollout_stats(got, success_at=0.9)
+    assert stats["rollout/groups_with_signal"] == 0.5  # groups 0 and 3
+    assert stats["rollout/groups_solved"] == 0.5  # groups 1 and 3
+    assert rollout_stats(got, success_at=0.95)["rollout/groups_solved"] == 0.0

@@ -50,7 +50,10 @@ def write_reward_errors(path: Path, step: int, errors: list[dict[str, Any]]) -> 
             f.write(json.dumps({"step": step, **e}) + "\n")
 
 
-def rollout_stats(got: Collected) -> dict[str, float]:
+def rollout_stats(got: Collected, success_at: float = 1.0) -> dict[str, float]:
+    """Response lengths and the groups' signal: ``rollout/groups_with_signal`` (some rewards differ: GRPO sees the
+    group) and ``rollout/groups_solved`` (some response reaches ``success_at``, the run's ``eval.success_threshold``:
+    on a continuous reward a group can carry signal and still hold no right answer, the cliff hint methods target)."""
     comps = [c for g in got.groups for c in g]
     lens = [len(c.token_ids) for c in comps]
     return {
@@ -58,6 +61,7 @@ def rollout_stats(got: Collected) -> dict[str, float]:
         "response_length/max": max(lens),
         "rollout/truncated_frac": sum(c.finish_reason == "length" for c in comps) / len(lens),
         "rollout/groups_with_signal": groups_with_signal(got.rewards).float().mean().item(),
+        "rollout/groups_solved": (got.rewards >= success_at - 1e-6).any(dim=1).float().mean().item(),
         # the spread of a group's rewards (population std, mean over groups): how much a group's scores separate
         # its responses, which a reward that compresses them (a pointwise judge) keeps small
         "rollout/group_reward_std": got.rewards.std(dim=1, correction=0).mean().item(),

@@ -433,7 +433,7 @@ class Trainer:
         stats |= counters
         if errors and self.dist.is_main:
             step_stats.write_reward_errors(self.out / "reward_errors.jsonl", self.step, errors)
-        return stats | step_stats.rollout_stats(got)
+        return stats | step_stats.rollout_stats(got, self.cfg.eval.success_threshold)
 
     def maybe_evaluate(self) -> dict[str, float]:
         cfg = self.cfg
