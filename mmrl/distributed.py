@@ -176,6 +176,23 @@ class Dist:
         d.generates, d.generators = False, []
         return d
 
+    def own_group(self) -> Dist:
+        """The training processes again, with a gloo group of their own for every collective (their rank and world
+        as here): the asynchronous producer's thread gathers its batches there (:mod:`mmrl.train.producer`), never
+        interleaved with the collectives the trainer's thread runs on the training group meanwhile (the update's,
+        the held-out evaluation's). Collective: every training process calls it at the same point. Without a
+        launcher it is this view itself."""
+        if not self.active:
+            return self
+        ranks = None if self.group is None else list(range(self.global_world - len(self.generators)))
+        own = torch.distributed.new_group(ranks, backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+        d = Dist.__new__(Dist)
+        d.__dict__.update(self.__dict__)
+        d.group = d.host_group = own
+        d.weights_group = d.data_group = d.batch_group = d.rollout_group = None
+        d.peers = []
+        return d
+
     # --- a separate placement's links (mmrl.train.placement): training rank 0 <-> the generating processes
     def weights_device(self) -> torch.device:
         """Where the weights group moves tensors: the host for gloo, else this process's accelerator."""

@@ -28,6 +28,23 @@ def torchrun(nproc: int, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return r
 
 
+def launch(
+    nproc: int, cfg: Path, out: Path, *args: str, fault: str | None = None
+) -> subprocess.CompletedProcess:
+    """``mmrl train cfg`` under torchrun (``fault``: through tests/fault_launch.py); the caller checks the exit."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    cmd += [str(ROOT / "tests" / "fault_launch.py"), fault, "--"] if fault else ["-m", "mmrl"]
+    cmd += ["train", str(cfg), "--output-dir", str(out), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cfg.parent, env=BASE_ENV, timeout=600)
+
+
+def launch_separate(
+    nproc: int, cfg: Path, out: Path, *args: str, fault: str | None = None
+) -> subprocess.CompletedProcess:
+    """:func:`launch` in a separate placement."""
+    return launch(nproc, cfg, out, "rollout.placement=separate", *args, fault=fault)
+
+
 def shapes_run_config(tmp_path: Path, micro_batch_size: int) -> Path:
     """A 4-prompt shapes run with VADE, KL, 2 mini-batches, evaluation and a checkpoint every 2 steps."""
     from mmrl.recipes.shapes.data import build

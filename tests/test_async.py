@@ -4,13 +4,14 @@ weights, tokens before it from the old); a k = 1 run trains on batches one versi
 idle times, and a run killed with SIGKILL mid-update resumes drawing exactly the prompts of the uninterrupted run (none
 lost, none twice); what the producer cannot do yet is refused at pre-flight."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from multiproc import rollout_ids
+from multiproc import launch, rollout_ids, shapes_run_config
 from PIL import Image
 
 from mmrl.config import ConfigError, ModelConfig, RewardEntry, load_config
@@ -141,8 +142,12 @@ def test_what_runs_asynchronously_today_is_checked_at_pre_flight(monkeypatch):
     with pytest.raises(ConfigError, match=">= 0"):
         check_async(load_config(None, ["rollout.max_staleness=-1"]))
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match="2 colocated processes"):
-        check_async(load_config(None, base))
+    check_async(load_config(None, base))  # several colocated processes with the hf engine
+    with pytest.raises(ConfigError, match="whole unsharded copy"):
+        check_async(load_config(None, [*base, "train.fsdp=true"]))
+    check_async(load_config(None, [*base, "train.fsdp=true", "rollout.placement=separate"]))
+    with pytest.raises(ConfigError, match="2 colocated processes and rollout.engine 'vllm'"):
+        check_async(load_config(None, [*base, "rollout.engine=vllm"]))
     check_async(load_config(None, [*base, "rollout.placement=separate"]))  # one trains, one generates
     with pytest.raises(ConfigError, match="at least one must train"):
         check_async(load_config(None, [*base, "rollout.placement=separate", "rollout.rollout_processes=2"]))
@@ -152,8 +157,22 @@ def test_what_runs_asynchronously_today_is_checked_at_pre_flight(monkeypatch):
     with pytest.raises(ConfigError, match="multiple of 2"):
         check_async(load_config(None, [*two, "train.prompts_per_step=3"]))
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match="runs the hf engine only"):
-        check_async(load_config(None, ["rollout.placement=separate", "rollout.engine=vllm"]))
+    check_async(
+        load_config(None, ["rollout.placement=separate", "rollout.engine=vllm"])
+    )  # vLLM in its own process
+    with pytest.raises(ConfigError, match="runs the hf or the vllm engine"):
+        check_async(load_config(None, ["rollout.placement=separate", "rollout.engine=latr"]))
+    with pytest.raises(ConfigError, match="one vLLM engine on one device"):
+        check_async(
+            load_config(
+                None,
+                [
+                    "rollout.placement=separate",
+                    "rollout.engine=vllm",
+                    "rollout.engine_options.tensor_parallel_size=2",
+                ],
+            )
+        )
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(ConfigError, match="at least 2 processes"):
         check_async(load_config(None, ["rollout.placement=separate"]))
@@ -183,3 +202,29 @@ def test_zoom_episodes_run_ahead_with_each_turns_versions(tmp_path):
         assert r["async/staleness_max"] <= 1 and 0 <= r["async/version_span"] <= 1
         assert r["episode/errors"] == 0 and r["episode/turns_mean"] >= 1
     assert rows[0]["async/staleness_max"] == 0 and max(r["async/staleness_max"] for r in rows) == 1
+
+
+@pytest.mark.slow
+def test_two_colocated_processes_run_ahead_and_resume_after_sigkill(tmp_path):
+    """torchrun, 2 colocated processes with k = 1: each rank's producer thread gathers its batches over a gloo group
+    of its own while the trainer's thread runs the update's and the held-out evaluation's collectives on the
+    training group; the batches stay within one version, evaluation runs every 2 steps, and a run killed with
+    SIGKILL in step 5's update and resumed draws every step's prompts as the uninterrupted run did."""
+    cfg = shapes_run_config(tmp_path, micro_batch_size=4)
+    args = ["--max-steps", "6", "rollout.max_staleness=1", "sampler.name=uniform"]
+    args += ["algo.old_logprobs=recompute", "algo.rollout_correction=tis_token"]
+    full = launch(2, cfg, tmp_path / "full", *args)
+    assert full.returncode == 0, full.stderr[-3000:]
+    rows = read_metrics(tmp_path / "full" / "metrics.jsonl")
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    assert all(0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= 1 for r in steps)
+    assert max(r["async/staleness_max"] for r in steps) == 1  # the producers ran ahead
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 2, 4, 6]
+    assert json.loads((tmp_path / "full" / "resolved.json").read_text())["processes"] == 2
+    killed = launch(2, cfg, tmp_path / "split", *args, fault="kill:0:5")
+    assert killed.returncode != 0
+    assert (tmp_path / "split" / "checkpoints" / "step-4").is_dir()
+    resumed = launch(2, cfg, tmp_path / "split", *args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert rollout_ids(tmp_path / "split") == rollout_ids(tmp_path / "full")

@@ -5,27 +5,16 @@ its bound, FSDP2 over two training processes feeds the same generating one, and 
 with no prompt lost or used twice."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from multiproc import BASE_ENV, ROOT, rollout_ids, shapes_run_config
+from multiproc import launch_separate, rollout_ids, shapes_run_config
 
 from mmrl.run.metrics import read_metrics
 from mmrl.train.placement import buckets
 
 ASYNC = ["algo.old_logprobs=recompute", "algo.rollout_correction=tis_token"]
-
-
-def _launch(
-    nproc: int, cfg: Path, out: Path, *args: str, fault: str | None = None
-) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    cmd += [str(ROOT / "tests" / "fault_launch.py"), fault, "--"] if fault else ["-m", "mmrl"]
-    cmd += ["train", str(cfg), "--output-dir", str(out), "rollout.placement=separate", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cfg.parent, env=BASE_ENV, timeout=600)
 
 
 def _steps(out: Path) -> list[dict]:
@@ -64,7 +53,9 @@ def test_the_generating_process_holds_the_trained_weights(tmp_path, layout):
         "fsdp": (3, ["train.fsdp=true"]),
         "two_generators": (3, ["rollout.rollout_processes=2"]),
     }[layout]
-    r = _launch(nproc, cfg, tmp_path / "run", "--max-steps", "3", "algo.old_logprobs=recompute", *extra)
+    r = launch_separate(
+        nproc, cfg, tmp_path / "run", "--max-steps", "3", "algo.old_logprobs=recompute", *extra
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = _steps(tmp_path / "run")
     assert [x["step"] for x in rows] == [1, 2, 3]
@@ -82,7 +73,7 @@ def test_a_run_ahead_by_one_version_resumes_after_sigkill_with_no_prompt_lost_or
     cfg = shapes_run_config(tmp_path, micro_batch_size=4)
     # the uniform sampler: VADE's later draws depend on the rewards of the batches regenerated after the resume
     args = ["--max-steps", "6", "rollout.max_staleness=1", "sampler.name=uniform", *ASYNC]
-    full = _launch(2, cfg, tmp_path / "full", *args)
+    full = launch_separate(2, cfg, tmp_path / "full", *args)
     assert full.returncode == 0, full.stderr[-3000:]
     rows = _steps(tmp_path / "full")
     assert [x["step"] for x in rows] == [1, 2, 3, 4, 5, 6]
@@ -91,9 +82,9 @@ def test_a_run_ahead_by_one_version_resumes_after_sigkill_with_no_prompt_lost_or
         assert "time/train_idle" in x and "time/rollout_idle" in x
     assert max(x["async/staleness_max"] for x in rows) == 1  # the generating process ran ahead
     # the training process SIGKILLed in step 5's update: the checkpoint is step 4, batch 5 (and 6) were generated
-    killed = _launch(2, cfg, tmp_path / "split", *args, fault="kill:0:5")
+    killed = launch_separate(2, cfg, tmp_path / "split", *args, fault="kill:0:5")
     assert killed.returncode != 0
     assert (tmp_path / "split" / "checkpoints" / "step-4").is_dir()
-    resumed = _launch(2, cfg, tmp_path / "split", *args, "--resume")
+    resumed = launch_separate(2, cfg, tmp_path / "split", *args, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert rollout_ids(tmp_path / "split") == rollout_ids(tmp_path / "full")

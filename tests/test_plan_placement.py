@@ -171,11 +171,32 @@ def test_the_advice_never_empties_the_training_group():
         plan.plan_run(cfg, plan.PlanOptions(gpus=1))
 
 
-def test_a_separate_vllm_plan_is_refused():
-    """Pre-flight refuses the vLLM engine under a separate placement: the plan says so rather than planning it."""
-    cfg = load_config(RECIPE, ["rollout.engine=vllm"])
-    p = plan.plan_run(cfg, advise=False)
-    assert not p.fits and "hf engine only" in report.verdict(p)
+def test_a_separate_vllm_plan_puts_vllm_alone_on_the_generating_gpu():
+    """vLLM in a separate placement runs in a process of its own on the generating GPU (its own CUDA context) and
+    takes the GPU's share it is given (default 0.85: the GPU is its own); the policy that receives the push stays in
+    host memory, so the generating GPU holds vLLM's weights in its dtype, its KV cache and workspace, the received
+    bucket and two CUDA contexts. The training GPUs evaluate with the hf engine, as with the hf engine. Any other
+    engine is refused, as pre-flight refuses it."""
+    cfg = _tiny(
+        [*SEPARATE, "rollout.engine=vllm", "rollout.engine_options={kv_cache_memory_bytes: 1073741824}"]
+    )
+    p = plan.plan_run(cfg, plan.PlanOptions(gpus=3, gpu_memory_gib=80))
+    g = p.generating
+    every = dict.fromkeys(plan.GEN_STAGES)
+    assert g.rows["vLLM weights"] == dict.fromkeys(every, 2.0 * P)  # bf16, the run's dtype
+    assert g.rows["vLLM KV cache and workspace"] == dict.fromkeys(every, 2**30 + plan.VLLM_WORKSPACE)
+    assert g.rows["CUDA context (vLLM)"] == g.rows["CUDA context"]
+    assert not any(k.startswith("engine weights") or k == "KV cache (rollout)" for k in g.rows)
+    assert p.fits and not any("vLLM" in k for k in p.rows)  # nothing of vLLM's on a training GPU
+    share = plan.plan_run(
+        _tiny([*SEPARATE, "rollout.engine=vllm"]), plan.PlanOptions(gpus=3, gpu_memory_gib=80)
+    )
+    kv = share.generating.rows["vLLM KV cache and workspace"]["rollout"]
+    assert kv + 2.0 * P == pytest.approx(
+        plan.VLLM_OWN_GPU_UTILIZATION * 80 * GIB
+    )  # the default share, all vLLM's
+    latr = plan.plan_run(_tiny([*SEPARATE, "rollout.engine=latr"]), plan.PlanOptions(gpus=3), advise=False)
+    assert not latr.fits and "hf or the vllm engine" in report.verdict(latr)
 
 
 def test_the_async_recipe_fits_8_gpus_of_80_gb(monkeypatch, capsys):

@@ -197,6 +197,7 @@ def test_a_sleeping_engine_wakes_weights_then_loads_them_then_wakes_its_kv_cache
     engine.policy, engine.llm, engine.dtype = lora_policy, _FakeLLM(calls), torch.bfloat16
     engine.sleep_mode, engine._asleep, engine._warned, engine._tp = True, True, True, None
     engine._bad_words, engine.in_flight, engine._version, engine._stale_caches = None, False, 0, False
+    engine.own_process = False
     engine.sync_weights()
     n = len(lora_policy.merged_state_dict())
     assert calls == [

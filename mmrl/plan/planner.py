@@ -50,6 +50,9 @@ from mmrl.plan.memory import (
 CUDA_CONTEXT = 1.0 * GIB  # per process, outside torch's allocator: CUDA context, cuBLAS and NCCL workspaces
 ALLOCATOR_SLACK = 0.05  # of torch's peak: blocks the caching allocator holds but cannot hand out
 VLLM_DEFAULT_UTILIZATION = 0.3  # mmrl/rollout/vllm.py's default gpu_memory_utilization
+VLLM_OWN_GPU_UTILIZATION = (
+    0.85  # its default in a separate placement's generating process (VLLMEngine own_process)
+)
 VLLM_WORKSPACE = 2.0 * GIB  # vLLM's profiled activations, sampler and CUDA graphs while awake (an estimate)
 VLLM_ASLEEP = 1.0 * GIB  # what a level-1-asleep engine keeps on the GPU (CUDA graphs, buffers; an estimate)
 STAGES = ("rollout", "log-probs", "update", "weight sync")
@@ -453,6 +456,9 @@ def generating_setup(cfg: Config, opts: PlanOptions) -> Setup:
     of the step's prompts (``Dist.rollouts``: ``rollout.rollout_processes`` share a batch)."""
     gen = copy.deepcopy(cfg)
     gen.rollout.placement, gen.train.fsdp = "colocated", False
+    if gen.rollout.engine == "vllm":  # vLLM has the generating GPU to itself, and never sleeps there
+        gen.rollout.engine_options.setdefault("gpu_memory_utilization", VLLM_OWN_GPU_UTILIZATION)
+        gen.rollout.engine_options["sleep_mode"] = False
     gen.train.prompts_per_step = max(1, cfg.train.prompts_per_step // max(1, cfg.rollout.rollout_processes))
     return setup(gen, replace(opts, gpus=1, nodes=1))
 
@@ -534,13 +540,23 @@ def evaluates_with_rewards(cfg: Config) -> bool:
 def _generating_components(g: Setup, s: Setup) -> dict[str, dict[str, float]]:
     """A separate placement's generating GPU (``g``: :func:`generating_setup`; ``s``: the training GPU's, whose
     trained parameters are pushed): the engine's copy of the policy, the rollout's KV cache and the rest of HF
-    generation, the reward models (rewards are scored where generation runs, awake throughout: the next chunk
+    generation (with vLLM: its weights, KV cache and workspace, and its engine process's CUDA context), the reward models (rewards are scored where generation runs, awake throughout: the next chunk
     generates while one is scored), and the bucket a push is received into, which arrives while generation runs."""
-    parts = _hf_generation_parts(g)
-    rows = {
-        "engine weights (fp32 policy)": _every(_policy_weights(g), GEN_STAGES),
-        "KV cache (rollout)": _every(parts["kv"], GEN_STAGES),
-        "activations": _every(parts["rest"], GEN_STAGES),
+    e = engine(g)
+    if e is None:
+        parts = _hf_generation_parts(g)
+        rows = {
+            "engine weights (fp32 policy)": _every(_policy_weights(g), GEN_STAGES),
+            "KV cache (rollout)": _every(parts["kv"], GEN_STAGES),
+            "activations": _every(parts["rest"], GEN_STAGES),
+        }
+    else:  # vLLM in a process of its own (its own CUDA context); the policy that takes the push stays in host memory
+        rows = {
+            "vLLM weights": _every(e.weights, GEN_STAGES),
+            "vLLM KV cache and workspace": _every(e.kv_cache + e.workspace, GEN_STAGES),
+            "CUDA context (vLLM)": _every(CUDA_CONTEXT, GEN_STAGES),
+        }
+    rows |= {
         "weight-receive bucket": {"weight receive": bucket_bytes(s)},
         "CUDA context": _every(CUDA_CONTEXT, GEN_STAGES),
     }
@@ -551,11 +567,11 @@ def _generating_components(g: Setup, s: Setup) -> dict[str, dict[str, float]]:
 
 
 def _separate_problems(s: Setup) -> list[str]:
-    if s.cfg.rollout.engine == "hf":
+    if s.cfg.rollout.engine in ("hf", "vllm"):
         return []
     return [
-        f"rollout.placement: separate generates with the hf engine only for now: pre-flight refuses rollout.engine "
-        f"{s.cfg.rollout.engine!r} (set rollout.engine: hf)"
+        f"rollout.placement: separate generates with the hf or the vllm engine: pre-flight refuses rollout.engine "
+        f"{s.cfg.rollout.engine!r} (set rollout.engine: hf or vllm)"
     ]
 
 

@@ -77,15 +77,27 @@ def _separate_lines(p: Plan) -> list[str]:
     evaluation's on a training GPU, the pushed buckets."""
     s, g = p.setup, p.generating.setup
     c = s.cfg
-    kv = p.generating.rows["KV cache (rollout)"]["rollout"]
-    seqs = rollout_sequences(g)
-    lines = [
-        f"generating GPU: the engine's copy of the policy as the trainer loads it (fp32 master weights), "
-        f"{seqs:,} sequences ({seqs // c.rollout.n:,} prompts x {c.rollout.n} in one generate call, "
-        f"rollout.batch_size) of {g.seq.total:,} tokens at once: KV cache {gib(kv)} GiB; pushed weights "
-        f"received in buckets of {gib(bucket_bytes(s))} GiB at most (64 MiB, or the largest trained parameter "
-        "alone) while it generates"
-    ]
+    rows = p.generating.rows
+    received = (
+        f"pushed weights received in buckets of {gib(bucket_bytes(s))} GiB at most (64 MiB, or the largest trained "
+        "parameter alone) while it generates"
+    )
+    if "vLLM weights" in rows:
+        lines = [
+            f"generating GPU: vLLM in a process of its own (its CUDA context too), its weights "
+            f"{gib(rows['vLLM weights']['rollout'])} GiB and its KV cache and workspace "
+            f"{gib(rows['vLLM KV cache and workspace']['rollout'])} GiB (engine_options.gpu_memory_utilization or "
+            f"kv_cache_memory_bytes); the policy that takes the push stays in host memory; {received}, then "
+            "written to shared memory and reloaded in vLLM's keep-mode pause"
+        ]
+    else:
+        kv = rows["KV cache (rollout)"]["rollout"]
+        seqs = rollout_sequences(g)
+        lines = [
+            f"generating GPU: the engine's copy of the policy as the trainer loads it (fp32 master weights), "
+            f"{seqs:,} sequences ({seqs // c.rollout.n:,} prompts x {c.rollout.n} in one generate call, "
+            f"rollout.batch_size) of {g.seq.total:,} tokens at once: KV cache {gib(kv)} GiB; {received}"
+        ]
     if evaluates(c):
         n, q = eval_sequences(s)
         lines.append(

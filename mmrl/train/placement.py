@@ -160,7 +160,7 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
     from mmrl.model.checkpoint_files import resolve_model_path
     from mmrl.model.policy import Policy
     from mmrl.rewards.compose import CompositeReward, RewardConfig
-    from mmrl.rollout.hf import HFEngine
+    from mmrl.rollout import ENGINES
     from mmrl.samplers import SAMPLERS
     from mmrl.train.collect import Collector
 
@@ -170,7 +170,11 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     train = load_split(cfg.data, cfg.data.train, None, resolve_model_path(cfg.model.path))
-    model_cfg = replace(cfg.model, device=str(dist.device)) if cfg.model.device == "auto" else cfg.model
+    vllm = cfg.rollout.engine == "vllm"
+    # the vLLM engine generates with weights of its own: the policy here only encodes and takes the pushed weights
+    # before they go to vLLM, so it stays in host memory
+    device = "cpu" if vllm else str(dist.device)
+    model_cfg = replace(cfg.model, device=device) if cfg.model.device == "auto" or vllm else cfg.model
     policy = Policy.from_pretrained(model_cfg, path=str(ckpt / "model") if ckpt else None)
     params = _params(
         policy
@@ -178,7 +182,10 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
     # autocast caches its low-precision copy of a parameter that requires grad for a whole generate call, and a
     # weight loaded in between two decoding steps would reach the forwards only at the next call
     policy.model.requires_grad_(False)
-    engine = HFEngine(policy, batch_size=cfg.rollout.batch_size, in_flight=True, **cfg.rollout.engine_options)
+    own = {"own_process": True} if vllm else {}  # vLLM's engine core outside the launcher's process group
+    engine = ENGINES.get(cfg.rollout.engine)(
+        policy, batch_size=cfg.rollout.batch_size, in_flight=True, **own, **cfg.rollout.engine_options
+    )
     engine.version = start
     sampler = SAMPLERS.get(cfg.sampler.name)(len(train), seed=cfg.train.seed, **cfg.sampler.options)
     if ckpt is not None:
@@ -282,3 +289,5 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
         collector.close()
         if reward is not None:
             reward.close()
+        if vllm:
+            engine.close()

@@ -160,12 +160,12 @@ class Trainer:
     def _build_components(self, eval_data: list) -> None:
         """The registered components the config names, the optimizer, and the stages that use them."""
         cfg, a = self.cfg, self.cfg.algo
-        self.engine = ENGINES.get(cfg.rollout.engine)(
-            self.policy,
-            batch_size=cfg.rollout.batch_size,
-            **cfg.rollout.engine_options,
-            **engine_options(cfg),
-        )
+        name, options = cfg.rollout.engine, {**cfg.rollout.engine_options, **engine_options(cfg)}
+        if self.dist.generators and name == "vllm":
+            # a separate placement's training processes only evaluate and check images with their engine: the hf
+            # engine on the trained policy (vLLM runs in the generating processes, in a process of its own)
+            name, options = "hf", {}
+        self.engine = ENGINES.get(name)(self.policy, batch_size=cfg.rollout.batch_size, **options)
         self.sampler = SAMPLERS.get(cfg.sampler.name)(
             len(self.train_data), seed=cfg.train.seed, **cfg.sampler.options
         )
@@ -192,6 +192,9 @@ class Trainer:
         )
         self.mismatch: dict[str, float] = {}  # rollout vs recomputed pi_old, set by make_batch
         self.image_check = ImageCheck(cfg, self.policy, self.engine, self._train_temperature())
+        # several colocated processes running ahead: the producer's thread gathers over a group of its own, and the
+        # held-out evaluation (the trainer's thread) has a collector of its own on the training group
+        ahead = cfg.rollout.max_staleness > 0 and self.dist.world > 1 and not self.dist.generators
         self.collector = Collector(
             cfg,
             self.train_data,
@@ -200,13 +203,27 @@ class Trainer:
             self.sampler,
             self.reward,
             self.stage,
-            self.dist,
+            self.dist.own_group() if ahead else self.dist,
             render_root=self.out / "renders",
             episode_root=self.out / "episodes",
             skipped_path=self.out / "skipped.jsonl",
             augment=make_augmenter(cfg),
         )
-        self.validator = Validator(cfg, eval_data, self.collector, out_dir=self.out)
+        evaluator = self.collector
+        if ahead:
+            evaluator = Collector(
+                cfg,
+                self.train_data,
+                self.policy,
+                self.engine,
+                self.sampler,
+                self.reward,
+                self.stage,
+                self.dist,
+                render_root=self.out / "renders",
+                episode_root=self.out / "episodes",
+            )
+        self.validator = Validator(cfg, eval_data, evaluator, out_dir=self.out)
         self.producer = (
             Receiver(self.policy, self.sampler, self.dist)
             if self.dist.generators
@@ -313,6 +330,8 @@ class Trainer:
             self.producer.close()
             self.logger.close()
             self.collector.close()
+            if self.validator.collector is not self.collector:
+                self.validator.collector.close()
             self.validator.close()
             if self.reward is not None:
                 self.reward.close()
