@@ -43,6 +43,7 @@ import hashlib
 import logging
 import math
 import multiprocessing
+import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
@@ -204,6 +205,7 @@ class CompositeReward:
         self._pool: ProcessPoolExecutor | None = None
         self._counts: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
+        self._lock = threading.RLock()
 
     @staticmethod
     def _build_term(cfg: Any) -> _Term:
@@ -230,9 +232,12 @@ class CompositeReward:
         }
 
     def __call__(self, batch: Sequence[RewardInput]) -> list[ComposedResult]:
-        plain = _without_logprobs(batch)
-        per_term = [self._score(term, batch if term.spec.group else plain) for term in self._terms]
-        return [self._compose(item, [res[i] for res in per_term]) for i, item in enumerate(batch)]
+        # one call at a time: an asynchronous run's producer scores its batches in a thread while the trainer's
+        # thread scores the held-out evaluation, and the cache, the pool and its restarts are not made for two
+        with self._lock:
+            plain = _without_logprobs(batch)
+            per_term = [self._score(term, batch if term.spec.group else plain) for term in self._terms]
+            return [self._compose(item, [res[i] for res in per_term]) for i, item in enumerate(batch)]
 
     def _compose(self, item: RewardInput, results: list[RewardResult]) -> ComposedResult:
         total = wsum = 0.0

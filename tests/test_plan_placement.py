@@ -185,7 +185,7 @@ def test_a_separate_vllm_plan_puts_vllm_alone_on_the_generating_gpu():
     every = dict.fromkeys(plan.GEN_STAGES)
     assert g.rows["vLLM weights"] == dict.fromkeys(every, 2.0 * P)  # bf16, the run's dtype
     assert g.rows["vLLM KV cache and workspace"] == dict.fromkeys(every, 2**30 + plan.VLLM_WORKSPACE)
-    assert g.rows["CUDA context (vLLM)"] == g.rows["CUDA context"]
+    assert g.rows["vLLM CUDA context"] == g.rows["CUDA context"]
     assert not any(k.startswith("engine weights") or k == "KV cache (rollout)" for k in g.rows)
     assert p.fits and not any("vLLM" in k for k in p.rows)  # nothing of vLLM's on a training GPU
     share = plan.plan_run(
@@ -195,6 +195,9 @@ def test_a_separate_vllm_plan_puts_vllm_alone_on_the_generating_gpu():
     assert kv + 2.0 * P == pytest.approx(
         plan.VLLM_OWN_GPU_UTILIZATION * 80 * GIB
     )  # the default share, all vLLM's
+    small = [*SEPARATE, "rollout.engine=vllm", "rollout.engine_options={kv_cache_memory_bytes: 4096}"]
+    starved = plan.plan_run(_tiny(small), plan.PlanOptions(gpus=3, gpu_memory_gib=80), advise=False)
+    assert not starved.fits and "vLLM's KV cache holds" in report.verdict(starved)  # vLLM would not start
     latr = plan.plan_run(_tiny([*SEPARATE, "rollout.engine=latr"]), plan.PlanOptions(gpus=3), advise=False)
     assert not latr.fits and "hf or the vllm engine" in report.verdict(latr)
 

@@ -446,7 +446,9 @@ def _separate(cfg: Config, s: Setup, opts: PlanOptions) -> Plan:
         update_activations(s),
         role="training GPU",
     )
-    train.generating = _assemble(g, _generating_components(g, s), GEN_STAGES, [], {}, role="generating GPU")
+    train.generating = _assemble(
+        g, _generating_components(g, s), GEN_STAGES, _engine_problems(g), {}, role="generating GPU"
+    )
     return train
 
 
@@ -554,7 +556,7 @@ def _generating_components(g: Setup, s: Setup) -> dict[str, dict[str, float]]:
         rows = {
             "vLLM weights": _every(e.weights, GEN_STAGES),
             "vLLM KV cache and workspace": _every(e.kv_cache + e.workspace, GEN_STAGES),
-            "CUDA context (vLLM)": _every(CUDA_CONTEXT, GEN_STAGES),
+            "vLLM CUDA context": _every(CUDA_CONTEXT, GEN_STAGES),
         }
     rows |= {
         "weight-receive bucket": {"weight receive": bucket_bytes(s)},
@@ -625,7 +627,9 @@ def _change_groups(cfg: Config, s: Setup, opts: PlanOptions) -> list[list[tuple[
     groups: list[list[tuple[list[str], PlanOptions]]] = [[([], opts)]]  # the micro-batch alone
     if not cfg.model.gradient_checkpointing:
         groups.append([(["model.gradient_checkpointing=true"], opts)])
-    groups.append([(c, opts) for c in _engine_shares(cfg, s)])
+    # a separate placement's vLLM runs on the generating GPUs, at their own default share
+    at = generating_setup(cfg, opts) if cfg.rollout.placement == "separate" else s
+    groups.append([(c, opts) for c in _engine_shares(at)])
     if s.hw.generating:  # a separate placement's generating GPU: fewer sequences at once (KV cache, prefill)
         key = "rollout.batch_size"
         groups.append([([f"{key}={b}"], opts) for b in _halvings(cfg.rollout.batch_size)])
@@ -648,15 +652,15 @@ def _change_groups(cfg: Config, s: Setup, opts: PlanOptions) -> list[list[tuple[
     return groups
 
 
-def _engine_shares(cfg: Config, s: Setup) -> list[list[str]]:
+def _engine_shares(s: Setup) -> list[list[str]]:
     """Smaller vLLM shares, mildest first; with a max_model_len of one planned sequence when the cache cannot hold
-    the model's own (then vLLM would not start)."""
+    the model's own (then vLLM would not start). ``s``: the GPU vLLM runs on (its config's engine options)."""
     e = engine(s)
     if e is None:
         return []
     key = "rollout.engine_options"
     fix = [f"{key}.max_model_len={s.seq.total}"] if _engine_problems(s) else []
-    o = cfg.rollout.engine_options
+    o = s.cfg.rollout.engine_options
     if o.get("kv_cache_memory_bytes") is not None:
         kv = int(o["kv_cache_memory_bytes"])
         return [fix + [f"{key}.kv_cache_memory_bytes={kv >> k}"] for k in range(1, 5) if kv >> k >= GIB]

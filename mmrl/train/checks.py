@@ -278,6 +278,14 @@ def check_async(cfg: Config) -> None:
                 f"rollout.placement: separate with rollout.engine {r.engine!r}: a generating process runs the hf or "
                 f"the vllm engine, which take pushed weights while they generate; set rollout.engine: hf or vllm {why}"
             )
+        if r.engine == "vllm":
+            for key in ("sleep_mode", "async_scheduling"):
+                if r.engine_options.get(key):
+                    raise ConfigError(
+                        f"rollout.placement: separate with rollout.engine_options.{key}: true: the generating "
+                        f"process's vLLM takes weights while it generates, so it never sleeps, and a step's tokens "
+                        f"must be labelled with the weights of the forward that just ran; leave {key} unset {why}"
+                    )
         if r.engine == "vllm" and int(r.engine_options.get("tensor_parallel_size", 1)) != 1:
             raise ConfigError(
                 f"rollout.placement: separate with rollout.engine_options.tensor_parallel_size "
@@ -292,7 +300,7 @@ def check_async(cfg: Config) -> None:
             f"colocated processes run ahead with the hf engine (vLLM's engines there join the training group, which "
             f"the trainer's thread uses meanwhile); set rollout.engine: hf, or rollout.placement: separate {why}"
         )
-    if r.placement == "colocated" and cfg.train.fsdp:
+    if r.placement == "colocated" and cfg.train.fsdp and r.engine == "hf":
         raise ConfigError(
             f"rollout.max_staleness {k} with train.fsdp, colocated: the engine would keep a whole unsharded copy of "
             f"the policy on every GPU beside its FSDP2 shard (what FSDP2 is there to avoid); set rollout.placement: "

@@ -170,7 +170,9 @@ class Collector:
         self._thread: ThreadPoolExecutor | None = None
         self.episode_root = episode_root  # DIR/episodes: the env pool's folders (rollout.env)
         self._pool: Any = None
-        self._episode_dirs: list[Path] = []  # this rank's episode folders of the last round(s)
+        # this rank's episode folders by the step whose batch made them (a producer running ahead makes later ones)
+        self._episode_dirs: dict[int, list[Path]] = {}
+        self._collecting = 0  # the step whose batch is being collected
         self.skipped_path = (
             skipped_path  # DIR/skipped.jsonl: records that failed to encode are added (rank 0)
         )
@@ -230,17 +232,19 @@ class Collector:
             settings=r.episode,
             prompts=prompts,
         )
-        self._episode_dirs += [pool.episode_dir(t.episode_id) for row in trajs for t in row]
+        dirs = self._episode_dirs.setdefault(self._collecting, [])
+        dirs += [pool.episode_dir(t.episode_id) for row in trajs for t in row]
         return trajs
 
-    def retire_episodes(self, keep: set[str]) -> None:
-        """Remove this rank's episode folders of the last step but those of the episodes in ``keep`` (logged to
-        rollouts.jsonl, whose turns name their images). Call it on every rank after the step is logged."""
+    def retire_episodes(self, step: int, keep: set[str]) -> None:
+        """Remove this rank's episode folders of step ``step``'s batch (and of any earlier one) but those of the
+        episodes in ``keep`` (logged to rollouts.jsonl, whose turns name their images); the folders of batches a
+        producer made ahead stay. Call it on every rank after the step is logged."""
         keep_dirs = {self._pool.episode_dir(e) for e in keep} if self._pool is not None else set()
-        for d in self._episode_dirs:
-            if d not in keep_dirs:
-                shutil.rmtree(d, ignore_errors=True)
-        self._episode_dirs = []
+        for t in [t for t in list(self._episode_dirs) if t <= step]:
+            for d in self._episode_dirs.pop(t):
+                if d not in keep_dirs:
+                    shutil.rmtree(d, ignore_errors=True)
 
     def generation_weights(self):
         """Around generation: under FSDP the policy's full weights, gathered once on every rank (no per-token
@@ -459,6 +463,7 @@ class Collector:
     def collect(self, step: int) -> Collected:
         """Step ``step``'s batch of ``train.prompts_per_step`` groups (only informative ones under dynamic sampling),
         then what ``algo.augment`` adds."""
+        self._collecting = step
         got = self._collect(step)
         return got if self.augment is None else self.augment(self, got)
 

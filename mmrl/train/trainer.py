@@ -320,7 +320,7 @@ class Trainer:
                     self.collector.feedback(metrics)
                     self._write_rollouts(got)
                     logged = got.trajectories[:ROLLOUTS_LOGGED]  # episode folders: only the logged ones stay
-                    self.collector.retire_episodes({t.episode_id for row in logged for t in row})
+                    self.collector.retire_episodes(self.step, {t.episode_id for row in logged for t in row})
                     if self.step == cfg.train.max_steps or (
                         cfg.train.save_every and self.step % cfg.train.save_every == 0
                     ):
