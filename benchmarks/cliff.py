@@ -16,7 +16,8 @@ groups the update sees, after any hints), the share of unsolved groups (no respo
 threshold: ``1 - rollout/groups_solved``; on a continuous reward a group can be unsolved and still carry signal), the responses generated (on-policy groups x n, DAPO's extra rounds and the hints' and passes'
 ``*/extra_samples`` included), the held-out accuracy at the start and the end, and the wall time. Then one row per
 method: mean (min-max) over the seeds, and the held-out accuracy per 1,000 responses generated (equal rollout budget)
-and per minute (equal wall clock). A method whose ``<out>/<method>/summary.json`` exists is read back, not rerun.
+and per minute (equal wall clock). A method whose ``<out>/<method>/summary.json`` exists is read back, not rerun, as
+is each finished seed (``<out>/<method>/seed<S>.json``), so a stopped comparison goes on where it stopped.
 """
 
 from __future__ import annotations
@@ -187,6 +188,13 @@ def main() -> None:
             continue
         runs = []
         for seed in a.seeds:
+            kept = (
+                a.out / method / f"seed{seed}.json"
+            )  # a seed finished by an earlier, interrupted invocation
+            if kept.exists():
+                runs.append(json.loads(kept.read_text()))
+                print(f"{method} seed {seed}: read back from {kept}", flush=True)
+                continue
             try:
                 r = one(spec, method, seed, a.steps, a.out / method / f"seed{seed}", a.overrides)
             except (
@@ -196,6 +204,7 @@ def main() -> None:
                 runs.append({"seed": seed, "error": f"{type(e).__name__}: {e}"})
                 continue
             runs.append(r)
+            kept.write_text(json.dumps(r))
             print(
                 f"{method} seed {seed}: zero-signal groups {r['zero_signal']:.3f}, responses {r['responses']:.0f}, "
                 f"accuracy {r['accuracy'][0]:.3f} -> {r['accuracy'][1]:.3f}, wall {r['wall_s']:.0f} s",
