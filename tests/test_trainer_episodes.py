@@ -147,3 +147,24 @@ def test_preflight_refuses_a_tensor_parallel_engine_with_an_env(tmp_path):
         check_env(cfg)
     cfg.rollout.engine_options = {"tensor_parallel_size": 1}
     check_env(cfg)
+
+
+def test_retiring_a_step_keeps_the_folders_of_batches_made_ahead(tmp_path):
+    """A producer running ahead has made step 3's and 4's episode folders when the trainer retires step 2: only
+    step 2's (and older) go, those of the logged episodes stay."""
+    from mmrl.train.collect import Collector
+
+    class Pool:
+        def episode_dir(self, eid):
+            return tmp_path / eid
+
+    c = Collector.__new__(Collector)
+    c._pool = Pool()
+    c._episode_dirs = {}
+    for step, eids in ((1, ["a"]), (2, ["b", "c"]), (3, ["d"]), (4, ["e"])):
+        for e in eids:
+            (tmp_path / e).mkdir()
+        c._episode_dirs[step] = [tmp_path / e for e in eids]
+    c.retire_episodes(2, {"c"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "d", "e"]
+    assert sorted(c._episode_dirs) == [3, 4]

@@ -42,7 +42,7 @@ import torch
 
 from mmrl.config import Config
 from mmrl.distributed import Dist
-from mmrl.train.collect import Collected
+from mmrl.train.collect import ROLLOUTS_LOGGED, Collected
 
 BUCKET_BYTES = 64 * 2**20
 STOP = -1  # the header that ends a generating process's receiver
@@ -279,6 +279,9 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
             got.sampler_after = copy.deepcopy(sampler.state_dict())
             got.stats |= {"time/rollout_idle": waited}
             deliver((t, got))
+            # an env's episode folders are made here: keep only those of the groups the trainer logs
+            logged = got.trajectories[:ROLLOUTS_LOGGED]
+            collector.retire_episodes(t, {tr.episode_id for row in logged for tr in row})
         deliver(None)
         if lead:
             sender.join()
