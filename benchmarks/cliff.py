@@ -5,7 +5,7 @@ questions the warm start never gets right) or table2latex (recipes/table2latex/t
 failure level and steps are in :data:`RECIPES`.
 
     OMP_NUM_THREADS=1 python benchmarks/cliff.py [--recipe geometry|pathology|table2latex]
-        [--methods grpo dapo ngrpo dgpo agrae ghpo scaf critique latr] [--seeds 0 1 2]
+        [--methods grpo dapo ngrpo dgpo agrae ghpo scaf critique latr gspo dhpo] [--seeds 0 1 2]
         [--steps N] [--out runs/cliff] [--hard] [key=value ...]
 
 ``--hard`` first writes the recipe's hard split (:func:`hard_split`: the records on which all 8 of the warm start's
@@ -86,6 +86,15 @@ def methods(spec: dict) -> dict[str, list[str]]:
             "algo.advantage=dr_grpo",
         ],
         "latr": ["rollout.engine=latr"],
+        # objectives at the same budget, for issue 37's DHPO (token and sequence ratios in one clipped objective)
+        # beside the token-level clip of GRPO above and GSPO's sequence-level one
+        "gspo": [
+            "algo.loss=gspo",
+            "algo.clip_low=0.0003",
+            "algo.clip_high=0.0004",
+            "algo.loss_agg=seq-mean-token-mean",
+        ],
+        "dhpo": ["algo.loss=dhpo"],
     }
 
 

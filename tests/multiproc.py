@@ -45,6 +45,32 @@ def launch_separate(
     return launch(nproc, cfg, out, "rollout.placement=separate", *args, fault=fault)
 
 
+def ahead_then_killed_and_resumed(launcher, nproc: int, cfg: Path, tmp: Path, args: list[str]) -> list[dict]:
+    """A 6-step run of ``args`` (``rollout.max_staleness=1``) launched by ``launcher`` (:func:`launch` or
+    :func:`launch_separate`) into ``tmp/full``: every step within one version of its batch, some batch one version
+    old (the rollout side ran ahead). Then the same run SIGKILLed in training rank 0's step-5 update into
+    ``tmp/split`` (its checkpoint is step 4; batches 5 and 6 were generated) and resumed: every step's prompts are
+    the uninterrupted run's, none lost or used twice. Returns the uninterrupted run's metric rows."""
+    from mmrl.run.metrics import read_metrics
+
+    full = launcher(nproc, cfg, tmp / "full", *args)
+    assert full.returncode == 0, full.stderr[-3000:]
+    rows = read_metrics(tmp / "full" / "metrics.jsonl")
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
+    for r in steps:
+        assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= 1
+        assert "time/train_idle" in r and "time/rollout_idle" in r
+    assert max(r["async/staleness_max"] for r in steps) == 1
+    killed = launcher(nproc, cfg, tmp / "split", *args, fault="kill:0:5")
+    assert killed.returncode != 0
+    assert (tmp / "split" / "checkpoints" / "step-4").is_dir()
+    resumed = launcher(nproc, cfg, tmp / "split", *args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert rollout_ids(tmp / "split") == rollout_ids(tmp / "full")
+    return rows
+
+
 def shapes_run_config(tmp_path: Path, micro_batch_size: int) -> Path:
     """A 4-prompt shapes run with VADE, KL, 2 mini-batches, evaluation and a checkpoint every 2 steps."""
     from mmrl.recipes.shapes.data import build

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from multiproc import launch, rollout_ids, shapes_run_config
+from multiproc import ahead_then_killed_and_resumed, launch, rollout_ids, shapes_run_config
 from PIL import Image
 
 from mmrl.config import ConfigError, ModelConfig, RewardEntry, load_config
@@ -213,18 +213,6 @@ def test_two_colocated_processes_run_ahead_and_resume_after_sigkill(tmp_path):
     cfg = shapes_run_config(tmp_path, micro_batch_size=4)
     args = ["--max-steps", "6", "rollout.max_staleness=1", "sampler.name=uniform"]
     args += ["algo.old_logprobs=recompute", "algo.rollout_correction=tis_token"]
-    full = launch(2, cfg, tmp_path / "full", *args)
-    assert full.returncode == 0, full.stderr[-3000:]
-    rows = read_metrics(tmp_path / "full" / "metrics.jsonl")
-    steps = [r for r in rows if "reward/mean" in r]
-    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
-    assert all(0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= 1 for r in steps)
-    assert max(r["async/staleness_max"] for r in steps) == 1  # the producers ran ahead
+    rows = ahead_then_killed_and_resumed(launch, 2, cfg, tmp_path, args)
     assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 2, 4, 6]
     assert json.loads((tmp_path / "full" / "resolved.json").read_text())["processes"] == 2
-    killed = launch(2, cfg, tmp_path / "split", *args, fault="kill:0:5")
-    assert killed.returncode != 0
-    assert (tmp_path / "split" / "checkpoints" / "step-4").is_dir()
-    resumed = launch(2, cfg, tmp_path / "split", *args, "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert rollout_ids(tmp_path / "split") == rollout_ids(tmp_path / "full")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from multiproc import launch_separate, rollout_ids, shapes_run_config
+from multiproc import ahead_then_killed_and_resumed, launch_separate, shapes_run_config
 
 from mmrl.run.metrics import read_metrics
 from mmrl.train.placement import buckets
@@ -73,18 +73,4 @@ def test_a_run_ahead_by_one_version_resumes_after_sigkill_with_no_prompt_lost_or
     cfg = shapes_run_config(tmp_path, micro_batch_size=4)
     # the uniform sampler: VADE's later draws depend on the rewards of the batches regenerated after the resume
     args = ["--max-steps", "6", "rollout.max_staleness=1", "sampler.name=uniform", *ASYNC]
-    full = launch_separate(2, cfg, tmp_path / "full", *args)
-    assert full.returncode == 0, full.stderr[-3000:]
-    rows = _steps(tmp_path / "full")
-    assert [x["step"] for x in rows] == [1, 2, 3, 4, 5, 6]
-    for x in rows:
-        assert 0 <= x["async/staleness_mean"] <= x["async/staleness_max"] <= 1
-        assert "time/train_idle" in x and "time/rollout_idle" in x
-    assert max(x["async/staleness_max"] for x in rows) == 1  # the generating process ran ahead
-    # the training process SIGKILLed in step 5's update: the checkpoint is step 4, batch 5 (and 6) were generated
-    killed = launch_separate(2, cfg, tmp_path / "split", *args, fault="kill:0:5")
-    assert killed.returncode != 0
-    assert (tmp_path / "split" / "checkpoints" / "step-4").is_dir()
-    resumed = launch_separate(2, cfg, tmp_path / "split", *args, "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert rollout_ids(tmp_path / "split") == rollout_ids(tmp_path / "full")
+    ahead_then_killed_and_resumed(launch_separate, 2, cfg, tmp_path, args)

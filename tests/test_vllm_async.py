@@ -37,6 +37,19 @@ TINY = ROOT / "assets" / "tiny-qwen2.5-vl"
 TOL = 1e-5  # vLLM's log-probs against the training forward's (tests/test_vllm_engine.py)
 
 
+def _count_steps(engine) -> list[int]:
+    """Count the engine's client-side steps (``counts[0]``) from now on."""
+    inner, counts = engine.llm.llm_engine.step, [0]
+
+    def counted():
+        out = inner()
+        counts[0] += 1
+        return out
+
+    engine.llm.llm_engine.step = counted
+    return counts
+
+
 def _teacher_forced(policy: Policy, prompt, tokens: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return policy.logprobs([prompt], [tokens])[0][0, : len(tokens)]
@@ -106,14 +119,7 @@ def test_a_reload_from_another_thread_lands_at_the_next_step_boundary(tmp_path):
         prompt = pol.encode(
             Sample("q", [{"role": "user", "content": [{"type": "text", "text": "count to forty"}]}])
         )
-        inner, steps = engine.llm.llm_engine.step, [0]
-
-        def counted():
-            out = inner()
-            steps[0] += 1
-            return out
-
-        engine.llm.llm_engine.step = counted
+        steps = _count_steps(engine)
         seen: dict[str, int] = {}
 
         def trainer():
@@ -154,14 +160,7 @@ def test_an_engine_in_its_own_process_takes_pushed_weights_at_a_step_boundary(tm
         prompt = pol.encode(
             Sample("q", [{"role": "user", "content": [{"type": "text", "text": "count to forty"}]}])
         )
-        inner, steps = engine.llm.llm_engine.step, [0]
-
-        def counted():
-            out = inner()
-            steps[0] += 1
-            return out
-
-        engine.llm.llm_engine.step = counted
+        steps = _count_steps(engine)
 
         def halve() -> None:
             with torch.no_grad():
@@ -288,7 +287,7 @@ def test_vllm_in_a_separate_placement_holds_the_trained_weights_and_resumes_afte
     one before, pushed bucket by bucket, written as shards and reloaded (the engine's behaviour log-probs equal the
     trainer's recomputed ones). k = 1: the generating process runs ahead by one version; killed with SIGKILL in step
     5's update and resumed, the run draws exactly the uninterrupted run's prompts."""
-    from multiproc import launch_separate
+    from multiproc import ahead_then_killed_and_resumed, launch_separate
 
     cfg = shapes_run_config(tmp_path, micro_batch_size=4)
     vllm = ["rollout.engine=vllm", "algo.old_logprobs=recompute"]
@@ -301,15 +300,4 @@ def test_vllm_in_a_separate_placement_holds_the_trained_weights_and_resumes_afte
         assert r["async/staleness_max"] == 0 and r["time/sync_weights"] > 0
     ahead = [*vllm, "--max-steps", "6", "rollout.max_staleness=1", "sampler.name=uniform"]
     ahead += ["algo.rollout_correction=tis_token"]
-    full = launch_separate(2, cfg, tmp_path / "full", *ahead)
-    assert full.returncode == 0, full.stderr[-3000:]
-    rows = [r for r in read_metrics(tmp_path / "full" / "metrics.jsonl") if "reward/mean" in r]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
-    assert all(0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= 1 for r in rows)
-    assert max(r["async/staleness_max"] for r in rows) == 1  # the generating process ran ahead
-    killed = launch_separate(2, cfg, tmp_path / "split", *ahead, fault="kill:0:5")
-    assert killed.returncode != 0
-    assert (tmp_path / "split" / "checkpoints" / "step-4").is_dir()
-    resumed = launch_separate(2, cfg, tmp_path / "split", *ahead, "--resume")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert rollout_ids(tmp_path / "split") == rollout_ids(tmp_path / "full")
+    ahead_then_killed_and_resumed(launch_separate, 2, cfg, tmp_path, ahead)

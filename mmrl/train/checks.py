@@ -279,13 +279,7 @@ def check_async(cfg: Config) -> None:
                 f"the vllm engine, which take pushed weights while they generate; set rollout.engine: hf or vllm {why}"
             )
         if r.engine == "vllm":
-            for key in ("sleep_mode", "async_scheduling"):
-                if r.engine_options.get(key):
-                    raise ConfigError(
-                        f"rollout.placement: separate with rollout.engine_options.{key}: true: the generating "
-                        f"process's vLLM takes weights while it generates, so it never sleeps, and a step's tokens "
-                        f"must be labelled with the weights of the forward that just ran; leave {key} unset {why}"
-                    )
+            _refuse_in_flight_vllm_options(r.engine_options, "rollout.placement: separate", why)
         if r.engine == "vllm" and int(r.engine_options.get("tensor_parallel_size", 1)) != 1:
             raise ConfigError(
                 f"rollout.placement: separate with rollout.engine_options.tensor_parallel_size "
@@ -314,13 +308,7 @@ def check_async(cfg: Config) -> None:
     if r.engine == "vllm":
         from mmrl.train.collect import reward_uses_vllm
 
-        for key in ("sleep_mode", "async_scheduling"):
-            if r.engine_options.get(key):
-                raise ConfigError(
-                    f"rollout.max_staleness {k} with rollout.engine_options.{key}: true: the vLLM engine keeps "
-                    f"generating while the trainer updates, so it never sleeps, and a step's tokens must be labelled "
-                    f"with the weights of the forward that just ran; leave {key} unset {why}"
-                )
+        _refuse_in_flight_vllm_options(r.engine_options, f"rollout.max_staleness {k}", why)
         judges = [x.name for x in cfg.rewards if reward_uses_vllm(x.options)]
         if judges:
             raise ConfigError(
@@ -334,6 +322,18 @@ def check_async(cfg: Config) -> None:
             "weights before this update; the rollout log-probs are the behaviour policy's, several versions old), "
             f"and algo.rollout_correction (tis_token: w = pi_prox / mu truncated) to weight the stale tokens {why}"
         )
+
+
+def _refuse_in_flight_vllm_options(options: dict, what: str, why: str) -> None:
+    """A vLLM engine that takes weights while it generates (running ahead, or a separate placement's) cannot sleep,
+    and labels a step's tokens with the weights of the forward that just ran (no async scheduling)."""
+    for key in ("sleep_mode", "async_scheduling"):
+        if options.get(key):
+            raise ConfigError(
+                f"{what} with rollout.engine_options.{key}: true: the vLLM engine takes weights while it generates, "
+                f"so it never sleeps, and a step's tokens must be labelled with the weights of the forward that just "
+                f"ran; leave {key} unset {why}"
+            )
 
 
 def check_config(cfg: Config) -> None:

@@ -195,23 +195,9 @@ class Trainer:
         # several colocated processes running ahead: the producer's thread gathers over a group of its own, and the
         # held-out evaluation (the trainer's thread) has a collector of its own on the training group
         ahead = cfg.rollout.max_staleness > 0 and self.dist.world > 1 and not self.dist.generators
-        self.collector = Collector(
-            cfg,
-            self.train_data,
-            self.policy,
-            self.engine,
-            self.sampler,
-            self.reward,
-            self.stage,
-            self.dist.own_group() if ahead else self.dist,
-            render_root=self.out / "renders",
-            episode_root=self.out / "episodes",
-            skipped_path=self.out / "skipped.jsonl",
-            augment=make_augmenter(cfg),
-        )
-        evaluator = self.collector
-        if ahead:
-            evaluator = Collector(
+
+        def collector(dist: Dist, **extra: Any) -> Collector:
+            return Collector(
                 cfg,
                 self.train_data,
                 self.policy,
@@ -219,10 +205,18 @@ class Trainer:
                 self.sampler,
                 self.reward,
                 self.stage,
-                self.dist,
+                dist,
                 render_root=self.out / "renders",
                 episode_root=self.out / "episodes",
+                **extra,
             )
+
+        self.collector = collector(
+            self.dist.own_group() if ahead else self.dist,
+            skipped_path=self.out / "skipped.jsonl",
+            augment=make_augmenter(cfg),
+        )
+        evaluator = collector(self.dist) if ahead else self.collector
         self.validator = Validator(cfg, eval_data, evaluator, out_dir=self.out)
         self.producer = (
             Receiver(self.policy, self.sampler, self.dist)
