@@ -83,7 +83,6 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -99,6 +98,7 @@ from mmrl.model.policy import Policy
 from mmrl.model.prompt import EncodedPrompt
 from mmrl.rollout.base import ENGINES, Completion, RolloutEngine, SamplingParams
 from mmrl.rollout.vllm_args import ENGINE_ARGS, engine_arg_names  # noqa: F401 (ENGINE_ARGS: this module's pre-flight list, read by tests)
+from mmrl.rollout.vllm_process import narrow_visible_devices, own_process_env, weight_shards
 from mmrl.rollout.vllm_worker import rebuild_cpu_moe_kernels_on_reload
 
 log = logging.getLogger("mmrl.rollout")
@@ -119,9 +119,6 @@ RESERVED_OPTIONS = {
     "enable_sleep_mode": "use sleep_mode",
     "worker_extension_cls": "an engine in its own process takes its weights through mmrl's (mmrl.rollout.vllm_worker)",
 }
-WEIGHT_SHARD_BYTES = (
-    256 * 2**20
-)  # own_process: the weights go to the engine in safetensors shards of about this size
 
 
 def _installed_version() -> str | None:
@@ -235,7 +232,7 @@ class VLLMEngine(RolloutEngine):
                 "with the weights of the forward that just ran; leave async_scheduling unset"
             )
         if own_process:
-            _own_process_env(int(options.get("tensor_parallel_size", 1)))
+            own_process_env(int(options.get("tensor_parallel_size", 1)))
         else:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: sync_weights hands tensors over
         # an in-process engine built earlier froze vLLM's view of the environment (vllm.envs caches it once an
@@ -281,7 +278,7 @@ class VLLMEngine(RolloutEngine):
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         try:
             if own_process:
-                _narrow_visible_devices()
+                narrow_visible_devices()
             self.llm = vllm.LLM(**llm_kwargs)
         finally:  # the spawned engine core has its narrowed copy; this process's later children get the original
             if visible is None:
@@ -562,7 +559,7 @@ class VLLMEngine(RolloutEngine):
         if not (self.own_process and self.in_flight):
             raise RuntimeError("VLLMEngine.take_pushed needs in_flight=True and own_process=True")
         load()
-        with _weight_shards(self.policy, self.dtype) as files:
+        with weight_shards(self.policy, self.dtype) as files:
             with self.paused():
                 self._reload_files(files)
                 self.version = version
@@ -579,7 +576,7 @@ class VLLMEngine(RolloutEngine):
             _release_cached_blocks()
             self.llm.wake_up(tags=["weights"])
         if self.own_process:  # its worker is in another process: the weights travel as files
-            with _weight_shards(self.policy, self.dtype) as files:
+            with weight_shards(self.policy, self.dtype) as files:
                 self._reload_files(files)
         else:
             weights = self.policy.stream_weights(
@@ -620,89 +617,6 @@ def _versions(spans: Any, n: int) -> list[int] | None:
     if len(out) != n:
         raise RuntimeError(f"vLLM's weight-version spans cover {len(out)} tokens of a {n}-token completion")
     return out
-
-
-@contextmanager
-def _weight_shards(policy: Policy, dtype: torch.dtype) -> Iterator[list[str]]:
-    """The policy's weights (:meth:`Policy.stream_weights`: HF names, in ``dtype``, LoRA merged) as safetensors shards
-    of about :data:`WEIGHT_SHARD_BYTES` in a temporary folder in shared memory (``/dev/shm`` where it has room, else
-    the temporary directory), removed on exit (after a hard exit, by the next engine's start:
-    :func:`_remove_stale_shards`); one shard's tensors are held at a time."""
-    from safetensors.torch import save_file
-
-    nbytes = sum(p.numel() for p in policy.model.parameters()) * torch.empty(0, dtype=dtype).element_size()
-    prefix = f"{SHARD_PREFIX}{os.getpid()}-"
-    with tempfile.TemporaryDirectory(prefix=prefix, dir=_shard_root(nbytes)) as tmp:
-        files: list[str] = []
-        shard: dict[str, torch.Tensor] = {}
-        size = 0
-        ptrs: set[int] = set()  # the storages in this shard
-
-        def flush() -> None:
-            nonlocal shard, size
-            if shard:
-                files.append(str(Path(tmp) / f"shard-{len(files):05d}.safetensors"))
-                save_file(shard, files[-1])
-            shard, size = {}, 0
-            ptrs.clear()
-
-        for name, t in policy.stream_weights(dtype):
-            t = t.detach().to("cpu").contiguous()
-            if t.untyped_storage().data_ptr() in ptrs:  # tied weights (embeddings and lm_head), views of one
-                t = t.clone()  # tensor: safetensors stores no shared memory
-            ptrs.add(t.untyped_storage().data_ptr())
-            shard[name] = t
-            size += t.numel() * t.element_size()
-            if size >= WEIGHT_SHARD_BYTES:
-                flush()
-        flush()
-        yield files
-
-
-def _own_process_env(tp: int) -> None:
-    """vLLM's engine core in a process of its own (``own_process``), spawned: it makes its own one-process group,
-    outside the launcher's (a forked child would inherit the parent's threads and process group)."""
-    if tp != 1:
-        raise ValueError(
-            f"rollout engine 'vllm' in a generating process of its own: tensor_parallel_size {tp}; one generating "
-            "process drives one device for now, use rollout.rollout_processes for more engines"
-        )
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
-    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-    _remove_stale_shards()
-
-
-def _narrow_visible_devices() -> None:
-    """``CUDA_VISIBLE_DEVICES`` narrowed to this process's GPU while vLLM spawns its engine core (which puts itself
-    on the first visible device); the caller restores it. This process's CUDA context is made already."""
-    if torch.cuda.is_available():
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        index = torch.cuda.current_device()
-        os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[index] if visible else str(index)
-
-
-SHARD_PREFIX = "mmrl-weights-"  # own_process: the shard folders, named <prefix><pid>-<random>
-
-
-def _shard_root(nbytes: int) -> str | None:
-    """Where the shards of a ``nbytes`` model go: ``/dev/shm`` when it has room for them with a margin (a container's
-    default /dev/shm is 64 MiB), else the temporary directory (None: tempfile's choice)."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and shutil.disk_usage(shm).free > 1.25 * nbytes:
-        return str(shm)
-    return None
-
-
-def _remove_stale_shards() -> None:
-    """Shard folders left by a process that no longer exists (one killed while it pushed: SIGKILL, os._exit), in
-    every place :func:`_shard_root` may choose, so a crash does not keep a model's copy in shared memory."""
-    for root in {Path("/dev/shm"), Path(tempfile.gettempdir())}:
-        if not root.is_dir():
-            continue
-        for d in root.glob(f"{SHARD_PREFIX}*"):
-            pid = d.name[len(SHARD_PREFIX) :].split("-", 1)[0]
-            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                shutil.rmtree(d, ignore_errors=True)
 
 
 def _parallel_kwargs(tp: int) -> dict[str, Any]:
