@@ -185,6 +185,13 @@ class EpisodeConfig:
         "step is running)",
         0.5,
     )
+    next_batch_at: float = opt(
+        "continuous, in training that runs ahead (rollout.max_staleness >= 1): the next batch's episodes start once at "
+        "most this share of this batch's episodes still run (0: each batch starts after the previous one ended; 1: as "
+        "soon as the staleness bound allows), so a slow env step at a batch's end holds no engine idle "
+        "(docs/async.md#episodes-across-batches)",
+        0.0,
+    )
 
 
 @dataclass

@@ -18,7 +18,8 @@ from mmrl.envs import EnvPool
 from mmrl.model.policy import Policy
 from mmrl.rollout import RolloutEngine, SamplingParams
 from mmrl.rollout.base import Completion
-from mmrl.rollout.episodes import end_of_turn, run_episodes
+from mmrl.rollout.episodes import run_episodes
+from mmrl.rollout.observations import end_of_turn
 from mmrl.types import Sample
 
 

@@ -23,13 +23,8 @@ from mmrl.envs import EnvPool
 from mmrl.model.layout import is_vision_param, language_model_prefix
 from mmrl.model.policy import Policy
 from mmrl.rollout import HFEngine, RolloutEngine, SamplingParams
-from mmrl.rollout.episodes import (
-    all_media,
-    end_of_turn,
-    observation_delta,
-    run_episodes,
-    trajectory_logprobs,
-)
+from mmrl.rollout.episodes import run_episodes, trajectory_logprobs
+from mmrl.rollout.observations import all_media, end_of_turn, observation_delta
 from mmrl.types import Sample
 
 BUDGET = {"qwen2_5_vl": (4 * 28 * 28, 16 * 28 * 28), "qwen3_vl": (4 * 32 * 32, 16 * 32 * 32)}

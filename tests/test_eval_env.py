@@ -21,8 +21,9 @@ from mmrl.distributed import Dist
 from mmrl.eval.episodic import episode_summary
 from mmrl.model.policy import Policy
 from mmrl.rollout.base import Completion, RolloutEngine
-from mmrl.rollout.episodes import ENDS, end_of_turn
+from mmrl.rollout.episodes import ENDS
 from mmrl.rollout.hf import HFEngine
+from mmrl.rollout.observations import end_of_turn
 from mmrl.train.collect import Collector
 from mmrl.train.validation import Validator
 

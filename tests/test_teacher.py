@@ -15,7 +15,8 @@ from mmrl.envs import EnvPool
 from mmrl.envs.zoom import parse_action
 from mmrl.model.policy import Policy
 from mmrl.rollout import SamplingParams
-from mmrl.rollout.episodes import end_of_turn, run_episodes, trajectory_logprobs
+from mmrl.rollout.episodes import run_episodes, trajectory_logprobs
+from mmrl.rollout.observations import end_of_turn
 from mmrl.types import Sample
 
 TINY = Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl"

@@ -2,9 +2,11 @@
 
 An episode is ``prompt | completion_1 | obs_1 | completion_2 | obs_2 | ... | completion_k``. Each turn the driver
 hands every live episode's whole current sequence to ONE ``engine.generate`` call, steps every live episode in the
-:class:`~mmrl.envs.EnvPool` in parallel, and appends the observation's tokens (:func:`observation_delta`: the text the
-chat template writes after the assistant's end-of-turn marker, tokenised alone, with the new images at the policy's
-geometry). A single-turn sample is the same path, an episode of one turn whose G episodes share their prompt.
+:class:`~mmrl.envs.EnvPool` in parallel, and appends the observation's tokens
+(:func:`~mmrl.rollout.observations.observation_delta`: the text the chat template writes after the assistant's
+end-of-turn marker, tokenised alone, with the new images at the policy's geometry). The continuous schedule
+(:class:`EpisodeDriver`) lets each episode advance on its own, and lets the next batch's episodes join the engine
+calls while this batch's last ones still run. A single-turn sample is the same path, an episode of one turn whose G episodes share their prompt.
 
 Invariants (each tested in tests/test_episodes.py):
 - earlier turns are never re-tokenised: the sequence trained on is the sequence sampled, token for token, and
@@ -24,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -34,8 +36,9 @@ import torch
 from mmrl.algos.advantages import Turn
 from mmrl.config import EpisodeConfig
 from mmrl.model.policy import Policy
-from mmrl.model.prompt import EncodedPrompt, opened_think
+from mmrl.model.prompt import EncodedPrompt
 from mmrl.rollout.base import Completion, RolloutEngine, SamplingParams
+from mmrl.rollout.observations import Delta, all_media, end_of_turn, observation_delta, prepare_images
 from mmrl.types import Sample
 
 if TYPE_CHECKING:
@@ -43,135 +46,7 @@ if TYPE_CHECKING:
     from mmrl.envs.pool import EnvPool
 
 ENDS = ("done", "error", "max_turns", "max_tokens", "image_budget")  # how an env episode ends
-SENTINEL = "MMRLTURNSENTINEL"  # the stand-in assistant text the delta is cut after
 _IDS = itertools.count()  # episode ids unique in this process: an EnvPool refuses a live id twice
-
-
-# ---------------------------------------------------------------------------------------------- observation deltas
-
-
-@dataclass
-class Delta:
-    """An observation turn as tokens appended after the assistant's end-of-turn marker."""
-
-    ids: list[int]
-    seq: dict[str, torch.Tensor]  # [len(ids)] per-token tensors of the processor (mm_token_type_ids, ...)
-    text: str  # the rendered delta (its image placeholders unexpanded)
-    images: list[Any] = field(default_factory=list)  # PIL images, model size
-    image_sizes: list[tuple[int, int]] = field(default_factory=list)  # original (w, h)
-    model_image_sizes: list[tuple[int, int]] = field(default_factory=list)  # (w, h) the model sees
-    response_prefix: str = ""  # a think block the generation prompt opens
-
-
-def end_of_turn(
-    policy: Policy, role: str = "user", content: list[dict[str, Any]] | None = None
-) -> tuple[int, str]:
-    """The assistant's end-of-turn marker ``(token id, string)`` and the text the template writes after it for a
-    following ``role`` turn with ``content`` (the delta's text, with the generation prompt)."""
-    messages = [
-        {"role": "user", "content": [{"type": "text", "text": "?"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": SENTINEL}]},
-        {"role": role, "content": content if content is not None else [{"type": "text", "text": "."}]},
-    ]
-    rendered = policy.processor.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **policy.cfg.chat_template_kwargs
-    )
-    after = rendered[rendered.index(SENTINEL) + len(SENTINEL) :]
-    stops = dict(zip(policy.tokenizer.convert_ids_to_tokens(policy.eos_ids), policy.eos_ids))
-    found = [(after.find(s), s) for s in stops if s and after.find(s) >= 0]
-    if not found:
-        raise ValueError(
-            f"the chat template writes none of the stop tokens {sorted(stops)} after an assistant turn "
-            f"({after[:80]!r}...); multi-turn episodes need the assistant's end-of-turn marker among the "
-            "checkpoint's eos_token_id (generation_config.json)"
-        )
-    at, marker = min(found)
-    return stops[marker], after[at + len(marker) :]
-
-
-def prepare_images(
-    policy: Policy, sources: list[Any], record_id: str, max_pixels: int | None = None
-) -> tuple[list[Any], list[tuple[int, int]], list[tuple[int, int]]]:
-    """Images (paths or PIL) resized at the policy's geometry as :meth:`Policy.encode` resizes them, under
-    ``max_pixels`` when given (else the policy's): ``(images, original sizes, model sizes)``."""
-    from mmrl.processors.image import load_image
-
-    cfg = policy.cfg
-    hi = cfg.max_pixels if max_pixels is None else max_pixels
-    out, sizes, model_sizes = [], [], []
-    for src in sources:
-        img = load_image(src, record_id=record_id)
-        resized, geom = policy.geometry.prepare_image(
-            img, min_pixels=min(cfg.min_pixels, hi), max_pixels=hi, record_id=record_id
-        )
-        out.append(resized)
-        sizes.append(geom.original_size)
-        model_sizes.append(geom.model_size)
-    return out, sizes, model_sizes
-
-
-def observation_delta(
-    policy: Policy,
-    text: str,
-    images: Sequence[Any] = (),
-    *,
-    role: str = "user",
-    max_pixels: int | None = None,
-    record_id: str = "?",
-    prepared: tuple[list[Any], list[tuple[int, int]], list[tuple[int, int]]] | None = None,
-) -> Delta:
-    """The tokens (and per-token tensors) the chat template appends after the assistant's end-of-turn marker for an
-    observation turn ``role`` saying ``text`` and then showing ``images`` (paths or PIL; ``prepared``: already
-    resized by :func:`prepare_images`). See the module docstring."""
-    imgs, sizes, model_sizes = prepared or prepare_images(policy, list(images), record_id, max_pixels)
-    content = ([{"type": "text", "text": text}] if text else []) + [{"type": "image"} for _ in imgs]
-    _, rendered = end_of_turn(policy, role, content)
-    kwargs: dict[str, Any] = {"text": [rendered], "return_tensors": "pt", "add_special_tokens": False}
-    if imgs:
-        kwargs["images"] = imgs
-        kwargs["images_kwargs"] = policy.geometry.processor_kwargs()["images_kwargs"]
-    out = policy.processor(**kwargs)
-    L = out["input_ids"].shape[1]
-    seq = {
-        k: v[0]
-        for k, v in out.items()
-        if k not in ("input_ids", "attention_mask") and v.dim() == 2 and v.shape[0] == 1 and v.shape[1] == L
-    }
-    return Delta(
-        out["input_ids"][0].tolist(), seq, rendered, imgs, sizes, model_sizes, opened_think(rendered)
-    )
-
-
-def all_media(
-    policy: Policy, texts: list[str], images: list[Any], prompt: EncodedPrompt | None = None
-) -> dict[str, torch.Tensor]:
-    """The ``mm`` tensors of a whole trajectory: one processor call over all its (model-size) images in order, and
-    the first ``prompt``'s videos, with the rendered texts holding their placeholders (the ids of this call are not
-    used)."""
-    media = policy.geometry.processor_kwargs()
-    kwargs: dict[str, Any] = {"text": ["".join(texts)], "return_tensors": "pt", "add_special_tokens": False}
-    if images:
-        kwargs["images"] = images
-        kwargs["images_kwargs"] = media["images_kwargs"]
-    if prompt is not None and prompt.videos:  # as Policy.encode hands them over: each video with its own rate
-        kwargs["videos"] = prompt.videos
-        kwargs["videos_kwargs"] = {
-            **media["videos_kwargs"],
-            "video_metadata": [
-                {"fps": fps, "total_num_frames": len(v), "frames_indices": list(range(len(v)))}
-                for v, fps in zip(prompt.videos, prompt.video_fps)
-            ],
-        }
-    if "images" not in kwargs and "videos" not in kwargs:
-        return {}
-    out = policy.processor(**kwargs)
-    L = out["input_ids"].shape[1]
-    return {
-        k: v
-        for k, v in out.items()
-        if k not in ("input_ids", "attention_mask")
-        and not (v.dim() == 2 and v.shape[0] == 1 and v.shape[1] == L)
-    }
 
 
 # ---------------------------------------------------------------------------------------------- trajectories
@@ -507,14 +382,14 @@ def run_episodes(
                 engine.generate_streaming(prompts, params, done)
             return trajs
     else:
-        trajs = _reset(policy, pool, samples, prompts, G, env_name, settings.env_options)
-    role = settings.observation_role
-    marker = end_of_turn(policy, role)[0]
-    images = ImageBudget(settings.max_images, settings.max_context_pixels, settings.image_rule)
-    limits = _Limits(max_turns, settings.max_total_tokens, params.max_new_tokens, images, role, marker)
+        trajs = reset_episodes(policy, pool, samples, prompts, G, env_name, settings.env_options)
+    limits = Limits.of(policy, settings, params)
     live = [t for row in trajs for t in row if not t.end]
     if settings.schedule == "continuous" and teacher is None:
-        _continuous(policy, engine, pool, live, params, limits, settings.min_ready)
+        driver = EpisodeDriver(policy, engine, pool, params, limits, settings.min_ready)
+        driver.add(live)
+        driver.run()
+        driver.close()  # the episodes the driver ended, if a step of another was still running
         return trajs
     turn = 0
     try:
@@ -524,7 +399,7 @@ def run_episodes(
                 for t, c in zip(live, _generate(engine, [t.context() for t in live], params)):
                     t.add_completion(c)
             else:
-                live = _teach(policy, pool, live, marker)
+                live = _teach(policy, pool, live, limits.marker)
                 if not live:
                     break
             results = pool.step({t.episode_id: t.response_prefix + t.completions[-1].text for t in live})
@@ -536,46 +411,89 @@ def run_episodes(
     return trajs
 
 
-def _continuous(
-    policy: Policy,
-    engine: RolloutEngine,
-    pool: EnvPool,
-    live: list[Trajectory],
-    params: SamplingParams,
-    limits: _Limits,
-    min_ready: float,
-) -> None:
+class EpisodeDriver:
     """The continuous schedule (docs/agents.md#continuous-episodes): episodes advance on their own. An engine call
     takes every episode whose step is back, once they are ``min_ready`` of the unfinished ones or no step is
     running; its steps are submitted at once, and the driver collects answers as they come in. Each episode's
     turns are what the lockstep schedule would make of the same completions; only which episodes share an engine
-    call differs, so sampled runs are not reproducible across env timings."""
-    if not 0.0 < min_ready <= 1.0:
-        raise ValueError(f"rollout.episode.min_ready must be in (0, 1], got {min_ready}")
-    ready, stepping, ended = list(live), {}, []
-    try:
-        while ready or stepping:
-            if ready and (not stepping or len(ready) >= min_ready * (len(ready) + len(stepping))):
-                for t, c in zip(ready, _generate(engine, [t.context() for t in ready], params)):
-                    t.add_completion(c)
-                pool.submit({t.episode_id: t.response_prefix + t.completions[-1].text for t in ready})
-                stepping.update((t.episode_id, t) for t in ready)
-                ready = []
-            for eid, res in pool.collect().items():
-                t = stepping[eid]
-                going = _after_step(policy, t, res, len(t.completions), limits)
-                del stepping[eid]  # only now: an exception above leaves it to the cleanup below
-                if going:
-                    ready.append(t)
-                elif t.end not in ("done", "error"):
-                    ended.append(eid)  # closed after the loop: a close waits behind its worker's queued steps
-    finally:  # an engine failure leaves no episode open in the pool (a step in flight is dropped)
-        left = [t.episode_id for t in [*ready, *stepping.values()] if not t.end]
-        pool.close_episode(*ended, *left)
+    call differs, so sampled runs are not reproducible across env timings.
+
+    Episodes are added under a tag (a batch: the step whose batch they are) and :meth:`run` drives until every
+    episode of one tag has ended; episodes of other tags (the next batch, started by ``between`` while this one's
+    slowest still run: ``rollout.episode.next_batch_at``) share its engine calls and go on in the next :meth:`run`.
+    On an exception every episode still open, of any tag, is closed in the pool."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        engine: RolloutEngine,
+        pool: EnvPool,
+        params: SamplingParams,
+        limits: Limits,
+        min_ready: float,
+    ):
+        if not 0.0 < min_ready <= 1.0:
+            raise ValueError(f"rollout.episode.min_ready must be in (0, 1], got {min_ready}")
+        self.policy, self.engine, self.pool, self.params = policy, engine, pool, params
+        self.limits, self.min_ready = limits, min_ready
+        self.ready: list[Trajectory] = []
+        self.stepping: dict[str, Trajectory] = {}
+        self.tag: dict[str, Any] = {}  # episode id -> its batch
+        self.running: Counter = Counter()  # batch -> its episodes not ended
+        self._ended: list[str] = []  # ended by the driver, not by the env: closed once no step of theirs runs
+
+    def add(self, trajs: list[Trajectory], tag: Any = None) -> None:
+        """Episodes just reset (those already ended at reset are left out)."""
+        for t in trajs:
+            if not t.end:
+                self.ready.append(t)
+                self.tag[t.episode_id] = tag
+                self.running[tag] += 1
+
+    def run(self, tag: Any = None, between: Callable[[], None] | None = None) -> None:
+        """Drive until every episode of ``tag`` has ended; ``between()`` is called before each engine call may
+        start (it may :meth:`add` episodes)."""
+        try:
+            while self.running[tag]:
+                if between is not None:
+                    between()
+                ready, stepping = self.ready, self.stepping
+                if ready and (not stepping or len(ready) >= self.min_ready * (len(ready) + len(stepping))):
+                    for t, c in zip(ready, _generate(self.engine, [t.context() for t in ready], self.params)):
+                        t.add_completion(c)
+                    self.ready = []  # only now: after a failed call close() still finds them
+                    self.pool.submit(
+                        {t.episode_id: t.response_prefix + t.completions[-1].text for t in ready}
+                    )
+                    stepping.update((t.episode_id, t) for t in ready)
+                for eid, res in self.pool.collect().items():
+                    t = stepping[eid]
+                    going = _after_step(self.policy, t, res, len(t.completions), self.limits)
+                    del stepping[eid]  # only now: an exception above leaves it to close()
+                    if going:
+                        self.ready.append(t)
+                        continue
+                    self.running[self.tag.pop(eid)] -= 1
+                    if t.end not in ("done", "error"):
+                        self._ended.append(eid)
+        except BaseException:
+            self.close()
+            raise
+        if not self.stepping:  # a close waits behind its worker's queued steps: only when none runs
+            self.pool.close_episode(*self._ended)
+            self._ended = []
+
+    def close(self) -> None:
+        """Close every episode still open (a step in flight is dropped)."""
+        left = [t.episode_id for t in [*self.ready, *self.stepping.values()] if not t.end]
+        self.pool.close_episode(*self._ended, *left)
+        self.ready, self.stepping, self._ended = [], {}, []
+        self.tag.clear()
+        self.running.clear()
 
 
 @dataclass(frozen=True)
-class _Limits:
+class Limits:
     max_turns: int
     max_total_tokens: int | None
     max_new_tokens: int
@@ -583,8 +501,18 @@ class _Limits:
     role: str
     marker: int  # the assistant's end-of-turn token
 
+    @classmethod
+    def of(cls, policy: Policy, settings: EpisodeConfig, params: SamplingParams) -> Limits:
+        """What ``settings`` allow an episode (``rollout.episode``), at ``params``' completion length."""
+        role = settings.observation_role
+        images = ImageBudget(settings.max_images, settings.max_context_pixels, settings.image_rule)
+        return cls(
+            settings.max_turns, settings.max_total_tokens, params.max_new_tokens, images, role,
+            end_of_turn(policy, role)[0],
+        )  # fmt: skip
 
-def _reset(
+
+def reset_episodes(
     policy: Policy,
     pool: EnvPool,
     samples: list[Sample],
@@ -593,7 +521,8 @@ def _reset(
     env_name: str,
     options: dict[str, Any],
 ) -> list[list[Trajectory]]:
-    """Start every episode; the sample's env copy carries the image sizes and frame, as rewards see them."""
+    """Start ``G`` episodes of each sample in ``pool`` (``[B][G]``; an episode the env could not start has ended
+    with ``error``); the sample's env copy carries the image sizes and frame, as rewards see them."""
     eids = [[f"{s.id}#{g}~{next(_IDS)}" for g in range(G)] for s in samples]
     env_samples = [
         replace(
@@ -644,7 +573,7 @@ def with_first_observation(sample: Sample, obs: Observation) -> Sample:
     return replace(sample, messages=messages, images=[*sample.images, *obs.images])
 
 
-def _after_step(policy: Policy, t: Trajectory, res: StepResult, turn: int, limits: _Limits) -> bool:
+def _after_step(policy: Policy, t: Trajectory, res: StepResult, turn: int, limits: Limits) -> bool:
     """Record a step's outcome; append its observation and return True when the episode goes on."""
     c = t.completions[-1]
     t.reward_last_turn(res.reward)

@@ -286,6 +286,7 @@ def check_async(cfg: Config) -> None:
                 f"{r.engine_options['tensor_parallel_size']}: a generating process drives one vLLM engine on one "
                 f"device for now; use rollout.rollout_processes for more engines {why}"
             )
+    _check_next_batch_at(cfg, world)
     if k == 0:
         return
     if world > 1 and r.placement == "colocated" and r.engine != "hf":
@@ -322,6 +323,34 @@ def check_async(cfg: Config) -> None:
             "weights before this update; the rollout log-probs are the behaviour policy's, several versions old), "
             f"and algo.rollout_correction (tis_token: w = pi_prox / mu truncated) to weight the stale tokens {why}"
         )
+
+
+def _check_next_batch_at(cfg: Config, world: int) -> None:
+    """``rollout.episode.next_batch_at``: the next batch's episodes starting while this batch's last ones run
+    (docs/async.md#episodes-across-batches) needs one process driving the episodes of consecutive batches."""
+    r, at = cfg.rollout, cfg.rollout.episode.next_batch_at
+    if not at:
+        return
+    if not 0 < at <= 1:
+        raise ConfigError(f"rollout.episode.next_batch_at must be in [0, 1], got {at}")
+    generating = r.rollout_processes if r.placement == "separate" else world
+    problems = [
+        (r.max_staleness < 1, "needs rollout.max_staleness >= 1: a batch starts early only within the staleness bound"),
+        (not r.env, "is for multi-turn episodes (rollout.env)"),
+        (r.episode.schedule != "continuous", "needs rollout.episode.schedule: continuous (lockstep turns wait for "
+         "every episode of one batch)"),
+        (cfg.algo.dynamic_sampling, "and algo.dynamic_sampling: a round's redraws depend on its rewards, which the "
+         "next batch's draw would precede"),
+        (cfg.algo.augment not in ("", "none"), f"and algo.augment {cfg.algo.augment!r}: an augmenter's extra rollouts run after a "
+         "batch ends, beside the next batch's episodes"),
+        (cfg.sampler.name != "uniform", f"and sampler {cfg.sampler.name!r}: the next batch is drawn before this "
+         "batch's rewards reach the sampler; only the uniform sampler draws the same prompts either way"),
+        (generating != 1, f"with {generating} generating processes: each would start batches at its own time, and "
+         "their gathers must meet in order; use one (rollout.placement: separate, rollout.rollout_processes: 1)"),
+    ]  # fmt: skip
+    bad = [why for hit, why in problems if hit]
+    if bad:
+        raise ConfigError(f"rollout.episode.next_batch_at {at} " + "; ".join(bad) + "; or set it to 0")
 
 
 def _refuse_in_flight_vllm_options(options: dict, what: str, why: str) -> None:

@@ -53,7 +53,14 @@ from mmrl.rewards.base import LOGPROBS_KEY
 from mmrl.rewards.compose import ComposedResult, CompositeReward
 from mmrl.rollout import SamplingParams
 from mmrl.rollout.base import Completion, RolloutEngine
-from mmrl.rollout.episodes import Trajectory, episode_stats, run_episodes
+from mmrl.rollout.episodes import (
+    EpisodeDriver,
+    Limits,
+    Trajectory,
+    episode_stats,
+    reset_episodes,
+    run_episodes,
+)
 from mmrl.rollout.prompt_cache import PromptCache
 from mmrl.samplers.base import Sampler
 from mmrl.types import RewardInput, Sample
@@ -180,10 +187,28 @@ class Collector:
             set()
         )  # dataset indices whose media failed to encode: never drawn into a batch again
         self.augment = augment  # algo.augment (mmrl.train.augment): changes each collected batch
+        # rollout.episode.next_batch_at: whether batch t may start now (the producer's staleness bound, set by it),
+        # the driver whose episodes span batches, and the batches started early: step -> (idx, prompts, samples,
+        # this rank's trajectories)
+        self.gate: Callable[[int], bool] | None = None
+        self._driver: EpisodeDriver | None = None
+        self._early: dict[
+            int, tuple[list[int], list[EncodedPrompt | None], list[Sample], list[list[Trajectory]]]
+        ] = {}
 
     @property
     def multi_turn(self) -> bool:
         return bool(self.cfg.rollout.env)
+
+    @property
+    def across(self) -> bool:
+        """Whether episodes run across batches (``rollout.episode.next_batch_at``; docs/async.md#episodes-across-batches):
+        the next batch's episodes start while this batch's last ones still run."""
+        return self.multi_turn and self.cfg.rollout.episode.next_batch_at > 0 and self.gate is not None
+
+    def started(self, step: int) -> bool:
+        """Whether step ``step``'s batch was started early (its draw made, its episodes running)."""
+        return step in self._early
 
     @property
     def judges_in_process(self) -> bool:
@@ -319,11 +344,9 @@ class Collector:
         ``overlap`` they may still be running when this returns (the trainer's old/reference log-prob passes overlap
         them; :meth:`Collected.resolve` waits), else they are waited for here."""
         mine, tally = self.dist.share(k), self.tally
-        with self.stage("sample"):
-            idx = self.sampler.select(k)  # global: every rank picks the same
-        with self.stage("encode"):
-            idx, prompts = self._encode_round(idx, mine)
-            samples = [self.data[i] for i in idx]
+        if self.across:
+            return self._across_round(k, mine, tally, overlap)
+        idx, prompts, samples = self._draw(k, mine)
         local = [prompts[b] for b in mine]
         # chunks: the HF engine generates batch_size prompts at a time anyway; an engine that schedules the whole
         # batch itself (vLLM) gets it at once, and each group's rewards start as soon as the engine has finished it
@@ -356,6 +379,21 @@ class Collector:
                         )
                     )
 
+        return self._gathered(idx, samples, prompts, trajs_local, futures, tally, overlap)
+
+    def _gathered(
+        self,
+        idx: list[int],
+        samples: list[Sample],
+        prompts: list[EncodedPrompt | None],
+        trajs_local: list[list[Trajectory]],
+        futures: list[Future],
+        tally: Tally,
+        overlap: bool,
+    ) -> Collected:
+        """A round's batch from this rank's trajectories and reward futures: the trajectories gathered from every
+        rank now, the rewards when :meth:`Collected.resolve` waits for them (``overlap``) or here."""
+
         def finish() -> tuple[torch.Tensor, list[Any]]:
             with self.stage("reward"):  # the wait: rewards computed meanwhile do not count here
                 done = [f.result() for f in futures]
@@ -378,6 +416,61 @@ class Collector:
         got.stats |= self.engine.take_stats()
         got.tally = tally
         return got if overlap else got.resolve()
+
+    def _draw(self, k: int, mine: Any) -> tuple[list[int], list[EncodedPrompt | None], list[Sample]]:
+        """A round's ``k`` records (every rank picks the same), this rank's share encoded."""
+        with self.stage("sample"):
+            idx = self.sampler.select(k)
+        with self.stage("encode"):
+            idx, prompts = self._encode_round(idx, mine)
+        return idx, prompts, [self.data[i] for i in idx]
+
+    def _across_round(self, k: int, mine: Any, tally: Tally, overlap: bool) -> Collected:
+        """Step ``self.step``'s round with episodes across batches (:attr:`across`): its episodes, started now or
+        while the previous batch's last ones ran, are driven until all have ended; meanwhile, once at most
+        ``rollout.episode.next_batch_at`` of them still run and the producer's staleness bound lets it
+        (:attr:`gate`), the next batch is drawn and its episodes join the engine calls."""
+        step, at = self.step, self.cfg.rollout.episode.next_batch_at
+        self.engine.take_stats()
+        early = step in self._early
+        idx, prompts, samples, trajs = self._early.pop(step, None) or self._start(step, k, mine)
+        total = sum(len(row) for row in trajs)
+        driver = self._driver
+        assert driver is not None and self.gate is not None
+
+        def between() -> None:
+            nxt = step + 1
+            if nxt not in self._early and driver.running[step] <= at * total and self.gate(nxt):
+                self._early[nxt] = self._start(nxt, k, mine)
+
+        with self.stage("rollout"), self.generation_weights():
+            driver.run(step, between)
+        mine_samples = [samples[b] for b in mine]
+        dirs = [self.render_dir(b, samples[b]) for b in mine]
+        futures = [self._reward_thread().submit(self._timed, tally, self.score, mine_samples, trajs, dirs)]
+        got = self._gathered(idx, samples, prompts, trajs, futures, tally, overlap)
+        got.stats["async/started_early"] = float(early)  # its episodes started while the previous batch's ran
+        return got
+
+    def _start(
+        self, step: int, k: int, mine: Any
+    ) -> tuple[list[int], list[EncodedPrompt | None], list[Sample], list[list[Trajectory]]]:
+        """Draw step ``step``'s records and start their episodes in the driver, tagged ``step``."""
+        r = self.cfg.rollout
+        idx, prompts, samples = self._draw(k, mine)
+        local = [samples[b] for b in mine]
+        pool, params = self.pool(), self.sampling_params()
+        if self._driver is None:
+            limits = Limits.of(self.policy, r.episode, params)
+            self._driver = EpisodeDriver(self.policy, self.engine, pool, params, limits, r.episode.min_ready)
+        trajs = reset_episodes(
+            self.policy, pool, local, [prompts[b] for b in mine], params.n, r.env, r.episode.env_options
+        )
+        self._driver.add([t for row in trajs for t in row], step)
+        self._episode_dirs.setdefault(step, []).extend(
+            pool.episode_dir(t.episode_id) for row in trajs for t in row
+        )
+        return idx, prompts, samples, trajs
 
     def _streamed(
         self, samples: list[Sample], prompts: list[EncodedPrompt], dirs: list[Path | None], tally: Tally
@@ -453,6 +546,10 @@ class Collector:
         return self._thread
 
     def close(self) -> None:
+        if self._driver is not None:
+            self._driver.close()
+            self._driver = None
+        self._early.clear()
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None

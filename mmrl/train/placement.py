@@ -257,6 +257,17 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
             outbox.put(item)
 
     k = cfg.rollout.max_staleness
+    before: dict[int, dict[str, Any]] = {}  # the sampler's state before each batch drawn early
+
+    def gate(
+        t: int,
+    ) -> bool:  # episodes across batches (rollout.episode.next_batch_at): may batch t start now?
+        if errors or t > cfg.train.max_steps or engine.version < t - 1 - k:
+            return False
+        before[t] = copy.deepcopy(sampler.state_dict())
+        return True
+
+    collector.gate = gate if k > 0 else None
     try:
         for t in range(start + 1, cfg.train.max_steps + 1):
             t0 = time.perf_counter()
@@ -276,7 +287,8 @@ def serve(cfg: Config, out: Path, dist: Dist) -> None:
                 deliver((t, e))
                 raise
             got.timings = dict(timings)
-            got.sampler_after = copy.deepcopy(sampler.state_dict())
+            # after this batch's draw and rewards: from before the next batch's draw when that came first
+            got.sampler_after = before.pop(t + 1) if t + 1 in before else copy.deepcopy(sampler.state_dict())
             got.stats |= {"time/rollout_idle": waited}
             deliver((t, got))
             # an env's episode folders are made here: keep only those of the groups the trainer logs

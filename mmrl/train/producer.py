@@ -63,6 +63,10 @@ class Producer:
             tuple[int, dict[str, Any]]
         ] = []  # (step, sampler state before its batch), untrained
         self._rollout_idle = 0.0
+        if (
+            max_staleness > 0
+        ):  # episodes across batches (rollout.episode.next_batch_at) start the next one early
+            collector.gate = self._gate
 
     def take(self, step: int) -> Collected:
         """Step ``step``'s batch."""
@@ -116,18 +120,32 @@ class Producer:
         if self._thread is not None:
             self._thread.join(timeout=600)
 
+    def _gate(self, t: int) -> bool:
+        """Whether batch t may start now, without waiting (the collector asks while it drives batch t - 1's last
+        episodes); if so its sampler state is kept as :meth:`_run` keeps it."""
+        with self._cond:
+            if self._stop or t > self.last_step or self.engine.version < t - 1 - self.k:
+                return False
+            self._pending.append((t, copy.deepcopy(self.sampler.state_dict())))
+            return True
+
     def _run(self) -> None:
         try:
             while self._next <= self.last_step:
                 t = self._next
                 t0 = time.perf_counter()
-                with self._cond:  # batch t needs version t - 1 - k
+                with (
+                    self._cond
+                ):  # batch t needs version t - 1 - k (unless it started early, within the bound)
                     need = t - 1 - self.k
-                    self._cond.wait_for(lambda: self._stop or self.engine.version >= need)  # noqa: B023
+                    self._cond.wait_for(
+                        lambda: self._stop or self.engine.version >= need or self.collector.started(t)  # noqa: B023
+                    )
                     if self._stop:
                         return
                     self._rollout_idle += time.perf_counter() - t0
-                    self._pending.append((t, copy.deepcopy(self.sampler.state_dict())))
+                    if not self.collector.started(t):
+                        self._pending.append((t, copy.deepcopy(self.sampler.state_dict())))
                 got = self.collector.collect(t).resolve()
                 self._ready.put((t, got))
                 self._next = t + 1
