@@ -77,7 +77,7 @@ def run(policy, batches, args, across: bool, seed: int, root: Path) -> dict:
                 started.add(b)
             total = len(batches[b]) * args.n
 
-            def between(b=b, total=total) -> None:
+            def between(b=b, total=total) -> bool:
                 nxt = b + 1
                 if (
                     across
@@ -87,6 +87,7 @@ def run(policy, batches, args, across: bool, seed: int, root: Path) -> dict:
                 ):
                     start(nxt)
                     started.add(nxt)
+                return False
 
             driver.run(b, between)
             ends.append(time.perf_counter() - t0)

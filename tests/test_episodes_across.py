@@ -97,6 +97,25 @@ def test_the_next_batch_runs_while_this_ones_slowest_waits(pol, picture, tmp_pat
     assert _ids(b1) == _ids(alone[0]) and _ids(b2) == _ids(alone[1])
 
 
+def test_episodes_the_driver_ends_are_closed_while_another_batch_steps(pol, picture, tmp_path):
+    """An episode ended by a limit (here max_turns 2 of an env that would go on) is closed in the pool without
+    waiting: run(1) returns while batch 2's slow steps run, and by the end of run(2) its envs are gone."""
+    settings = EpisodeConfig(max_turns=2, env_options={"steps": 3, "hang_s": 1.0}, schedule="continuous")
+    with EnvPool(tmp_path, workers=4, timeout_s=30) as pool:
+        driver = EpisodeDriver(pol, _Echo(pol, pool), pool, PARAMS, Limits.of(pol, settings, PARAMS), 0.5)
+        fast = _reset(pol, pool, [_sample("a", picture)])
+        driver.add([t for row in fast for t in row], tag=1)
+        driver.add([t for row in _reset(pol, pool, [_sample("s", picture, hang=True)]) for t in row], tag=2)
+        driver.run(1)
+        assert all(t.end == "max_turns" for row in fast for t in row)
+        assert pool.in_flight > 0  # batch 2's steps were still running: run(1) did not wait for them
+        driver.run(2)
+        ids = {t.episode_id for row in fast for t in row}
+        assert not ids & set(pool.live)
+        driver.close()
+        assert pool.live == [] and pool.in_flight == 0
+
+
 def test_a_failure_closes_the_episodes_of_every_batch(pol, picture, tmp_path):
     class _Fails(_Echo):
         def generate(self, prompts, params):

@@ -500,9 +500,11 @@ class EnvPool:
         out.update({c.eid: c.value for c in cmds})
         return {eid: out[eid] for eid in episode_ids}
 
-    def close_episode(self, *episode_ids: str) -> None:
+    def close_episode(self, *episode_ids: str, wait: bool = True) -> None:
         """Close live episodes (ids that are not live are ignored): their envs' ``close`` runs in their workers
-        (after a step still running there; its result is dropped). Nothing to do once the pool is closed."""
+        (after a step still running there; its result is dropped). ``wait=False``: queue the closes and return at
+        once (their answers are taken by later calls), so a close never waits behind another episode's steps.
+        Nothing to do once the pool is closed."""
         if self._closed:  # closed (Ctrl-C in a wait closes it): every episode went with it
             return
         for eid in episode_ids:
@@ -510,7 +512,11 @@ class EnvPool:
             self._answered.pop(eid, None)
         gone = set(episode_ids)  # a submitted step of a closed episode is never collected
         self._submitted = [c for c in self._submitted if c.eid not in gone]
-        self._run([_Cmd("close", e, None, self.timeout_s) for e in episode_ids if e in self._episodes])
+        cmds = [_Cmd("close", e, None, self.timeout_s) for e in episode_ids if e in self._episodes]
+        if wait or self.workers == 0 or not cmds:
+            self._run(cmds)
+        else:
+            self._guarded(self._enqueue, cmds)
 
     def close(self) -> None:
         """Close every env and stop the workers (idempotent); no process outlives this call."""

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from mmrl.envs.pool import EnvPool
 
 ENDS = ("done", "error", "max_turns", "max_tokens", "image_budget")  # how an env episode ends
+POLL_S = 0.05  # EpisodeDriver: how often a waiting ``between`` is asked again while env steps run
 _IDS = itertools.count()  # episode ids unique in this process: an EnvPool refuses a live id twice
 
 
@@ -440,7 +441,8 @@ class EpisodeDriver:
         self.stepping: dict[str, Trajectory] = {}
         self.tag: dict[str, Any] = {}  # episode id -> its batch
         self.running: Counter = Counter()  # batch -> its episodes not ended
-        self._ended: list[str] = []  # ended by the driver, not by the env: closed once no step of theirs runs
+        self._ended: list[str] = []  # ended by the driver, not by the env: to close
+        self._closing: list[str] = []  # their closes queued, maybe not answered yet
 
     def add(self, trajs: list[Trajectory], tag: Any = None) -> None:
         """Episodes just reset (those already ended at reset are left out)."""
@@ -450,23 +452,23 @@ class EpisodeDriver:
                 self.tag[t.episode_id] = tag
                 self.running[tag] += 1
 
-    def run(self, tag: Any = None, between: Callable[[], None] | None = None) -> None:
-        """Drive until every episode of ``tag`` has ended; ``between()`` is called before each engine call may
-        start (it may :meth:`add` episodes)."""
+    def run(self, tag: Any = None, between: Callable[[], bool] | None = None) -> None:
+        """Drive until every episode of ``tag`` has ended. ``between()`` is called before each engine call may
+        start (it may :meth:`add` episodes); while it returns True (it waits for something outside, such as the
+        staleness bound) the driver polls every ``POLL_S`` instead of blocking until an env step is back."""
         try:
             while self.running[tag]:
-                if between is not None:
-                    between()
+                again = between() if between is not None else False
                 ready, stepping = self.ready, self.stepping
                 if ready and (not stepping or len(ready) >= self.min_ready * (len(ready) + len(stepping))):
                     for t, c in zip(ready, _generate(self.engine, [t.context() for t in ready], self.params)):
                         t.add_completion(c)
-                    self.ready = []  # only now: after a failed call close() still finds them
                     self.pool.submit(
                         {t.episode_id: t.response_prefix + t.completions[-1].text for t in ready}
                     )
                     stepping.update((t.episode_id, t) for t in ready)
-                for eid, res in self.pool.collect().items():
+                    self.ready = []  # only now: after a failed call or submit, close() still finds them
+                for eid, res in self.pool.collect(timeout_s=POLL_S if again else None).items():
                     t = stepping[eid]
                     going = _after_step(self.policy, t, res, len(t.completions), self.limits)
                     del stepping[eid]  # only now: an exception above leaves it to close()
@@ -474,20 +476,23 @@ class EpisodeDriver:
                         self.ready.append(t)
                         continue
                     self.running[self.tag.pop(eid)] -= 1
-                    if t.end not in ("done", "error"):
+                    if t.end not in ("done", "error"):  # the env did not end it: close it
                         self._ended.append(eid)
+                if self._ended:  # queued behind the worker's running steps, not waited for
+                    self.pool.close_episode(*self._ended, wait=False)
+                    self._closing += self._ended
+                    self._ended = []
         except BaseException:
             self.close()
             raise
-        if not self.stepping:  # a close waits behind its worker's queued steps: only when none runs
-            self.pool.close_episode(*self._ended)
-            self._ended = []
+        live = set(self.pool.live)
+        self._closing = [e for e in self._closing if e in live]
 
     def close(self) -> None:
-        """Close every episode still open (a step in flight is dropped)."""
+        """Close every episode still open (a step in flight is dropped), and wait for the closes queued before."""
         left = [t.episode_id for t in [*self.ready, *self.stepping.values()] if not t.end]
-        self.pool.close_episode(*self._ended, *left)
-        self.ready, self.stepping, self._ended = [], {}, []
+        self.pool.close_episode(*self._closing, *self._ended, *left)  # waits for every close
+        self.ready, self.stepping, self._ended, self._closing = [], {}, [], []
         self.tag.clear()
         self.running.clear()
 

@@ -417,12 +417,15 @@ class Collector:
         got.tally = tally
         return got if overlap else got.resolve()
 
-    def _draw(self, k: int, mine: Any) -> tuple[list[int], list[EncodedPrompt | None], list[Sample]]:
-        """A round's ``k`` records (every rank picks the same), this rank's share encoded."""
+    def _draw(
+        self, k: int, mine: Any, step: int | None = None
+    ) -> tuple[list[int], list[EncodedPrompt | None], list[Sample]]:
+        """A round's ``k`` records (every rank picks the same), this rank's share encoded, for ``step`` (default: the
+        step being collected)."""
         with self.stage("sample"):
             idx = self.sampler.select(k)
         with self.stage("encode"):
-            idx, prompts = self._encode_round(idx, mine)
+            idx, prompts = self._encode_round(idx, mine, self.step if step is None else step)
         return idx, prompts, [self.data[i] for i in idx]
 
     def _across_round(self, k: int, mine: Any, tally: Tally, overlap: bool) -> Collected:
@@ -438,10 +441,14 @@ class Collector:
         driver = self._driver
         assert driver is not None and self.gate is not None
 
-        def between() -> None:
+        def between() -> bool:  # True while the next batch waits for the staleness bound: ask again soon
             nxt = step + 1
-            if nxt not in self._early and driver.running[step] <= at * total and self.gate(nxt):
-                self._early[nxt] = self._start(nxt, k, mine)
+            if nxt in self._early or driver.running[step] > at * total:
+                return False
+            if not self.gate(nxt):
+                return nxt <= self.cfg.train.max_steps
+            self._early[nxt] = self._start(nxt, k, mine)
+            return False
 
         with self.stage("rollout"), self.generation_weights():
             driver.run(step, between)
@@ -457,7 +464,7 @@ class Collector:
     ) -> tuple[list[int], list[EncodedPrompt | None], list[Sample], list[list[Trajectory]]]:
         """Draw step ``step``'s records and start their episodes in the driver, tagged ``step``."""
         r = self.cfg.rollout
-        idx, prompts, samples = self._draw(k, mine)
+        idx, prompts, samples = self._draw(k, mine, step)
         local = [samples[b] for b in mine]
         pool, params = self.pool(), self.sampling_params()
         if self._driver is None:
@@ -490,7 +497,9 @@ class Collector:
             raise RuntimeError(f"the engine returned without finishing the groups of {missing}")
         return trajs, slots  # type: ignore[return-value]
 
-    def _encode_round(self, idx: list[int], mine: list[int]) -> tuple[list[int], list[EncodedPrompt | None]]:
+    def _encode_round(
+        self, idx: list[int], mine: list[int], step: int
+    ) -> tuple[list[int], list[EncodedPrompt | None]]:
         """The round's prompts, this rank's share encoded. A record whose media fail to encode only now (a video
         decoder, an image the load-time checks passed: :class:`MediaError`) is skipped at this step with its reason
         (``skipped.jsonl``), never drawn again, and replaced by a fresh draw; every rank learns which failed, so all
@@ -510,21 +519,21 @@ class Collector:
             new = {idx[b]: w for b, w in failed.items() if idx[b] not in self.bad}
             self.bad |= set(new)
             why |= new
-            self._log_skipped(new)
+            self._log_skipped(new, step)
             fresh = iter(self.sampler.select(len(failed)))
             idx = [next(fresh) if b in failed else i for b, i in enumerate(idx)]
         raise RuntimeError(
-            f"step {self.step}: records kept failing to encode in {MAX_REDRAWS} draws ({len(self.bad)} bad so far, "
+            f"step {step}: records kept failing to encode in {MAX_REDRAWS} draws ({len(self.bad)} bad so far, "
             f"e.g. {next(iter(why.values()), '?')}); see {self.skipped_path or 'skipped.jsonl'} and fix the data"
         )
 
-    def _log_skipped(self, failed: dict[int, str]) -> None:
+    def _log_skipped(self, failed: dict[int, str], step: int) -> None:
         """Append the records that failed to encode to ``skipped.jsonl`` (rank 0), as the load-time checks do."""
         if not failed or self.skipped_path is None or not self.dist.is_main:
             return
         with self.skipped_path.open("a") as f:
             for i, reason in failed.items():
-                row = {"where": f"step {self.step} encode", "id": self.data[i].id, "kind": "encode_failed"}
+                row = {"where": f"step {step} encode", "id": self.data[i].id, "kind": "encode_failed"}
                 f.write(json.dumps(row | {"reason": reason}) + "\n")
 
     @staticmethod
