@@ -12,7 +12,7 @@ thread beside the trainer, 1 torch thread each): on the tiny models Python's GIL
 work, which is why the separate placement is the one measured by default.
 
     python benchmarks/async_vs_sync.py [--recipe shapes/tiny] [--steps 100] [--eval-every 25] [--seeds 0,1,2]
-        [--ks 0,1,2] [--colocated] [--set KEY=VALUE ...]
+        [--ks 0,1,2] [--colocated] [--set KEY=VALUE ...] [--set-async KEY=VALUE ...]
 
 Prints one row per (seed, k) and a summary per k: the median over seeds of the wall-clock ratio to the synchronous run
 (time to its final score, and whole-run time) with the range.
@@ -108,6 +108,12 @@ def main() -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--ks", default="0,1,2")
     p.add_argument("--set", action="append", default=[], help="an override for every run, KEY=VALUE")
+    p.add_argument(
+        "--set-async",
+        action="append",
+        default=[],
+        help="an override for the k >= 1 runs only, KEY=VALUE (rollout.episode.next_batch_at=1.0)",
+    )
     p.add_argument("--colocated", action="store_true", help="k >= 1 in one process (threads), not separate")
     p.add_argument(
         "--sync-threads",
@@ -132,8 +138,9 @@ def main() -> None:
         for seed in seeds:
             ref = None
             for k in ks:
+                extra = [*a.set, *(a.set_async if k else [])]
                 rows = run(
-                    a.recipe, Path(tmp) / f"s{seed}-k{k}", a.steps, a.eval_every, seed, k, a.set, a.colocated
+                    a.recipe, Path(tmp) / f"s{seed}-k{k}", a.steps, a.eval_every, seed, k, extra, a.colocated
                 )
                 s = summary(rows, None if ref is None else ref["final"])
                 if ref is None:

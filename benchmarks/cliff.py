@@ -85,7 +85,8 @@ def methods(spec: dict) -> dict[str, list[str]]:
             "algo.loss=critique",
             "algo.advantage=dr_grpo",
         ],
-        "latr": ["rollout.engine=latr"],
+        # the tree prefix's log-probs are at T = 1: pi_old recomputed (table2latex samples at 0.7; at T = 1 the same)
+        "latr": ["rollout.engine=latr", "algo.old_logprobs=recompute"],
         # objectives at the same budget, for issue 37's DHPO (token and sequence ratios in one clipped objective)
         # beside the token-level clip of GRPO above and GSPO's sequence-level one
         "gspo": [

@@ -173,3 +173,19 @@ def test_children_branch_again_at_their_own_positions(monkeypatch):
     assert [c.token_ids for c in group] == [[1, 7, 7, 0], [3, 1, 7, 7], [3, 5, 1, 7]]
     assert group[2].logprobs[:2] == pytest.approx([math.log(0.4)] * 2)  # its branch tokens' T = 1 log-probs
     assert eng.take_stats()["latr/branches"] == 3
+
+
+def test_a_run_away_from_unit_temperature_must_recompute_pi_old():
+    """LATR's tree prefix carries log-probs at T = 1 (the branch points' distribution): at another temperature pi_old
+    taken from the rollout would be wrong for those tokens, so pre-flight asks for a recompute."""
+    from mmrl.config import ConfigError, load_config
+    from mmrl.train.checks import check_components
+
+    base = ["rollout.engine=latr", "rollout.temperature=0.7"]
+    with pytest.raises(ConfigError, match="set algo.old_logprobs: recompute"):
+        check_components(load_config(None, base))
+    with pytest.raises(ConfigError, match="old_logprobs: interpolate"):
+        check_components(load_config(None, [*base, "algo.old_logprobs=interpolate"]))
+    check_components(load_config(None, [*base, "algo.old_logprobs=recompute"]))
+    check_components(load_config(None, ["rollout.engine=latr", "rollout.temperature=1.0"]))
+    check_components(load_config(None, ["rollout.engine=hf", "rollout.temperature=0.7"]))

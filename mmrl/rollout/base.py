@@ -43,6 +43,9 @@ class RolloutEngine(ABC):
     # gather, and the whole batch goes to it at once: it schedules requests itself); False: it generates with the
     # policy's own modules, ``batch_size`` prompts at a time
     owns_weights: ClassVar[bool] = False
+    # whether a completion's log-probs are the policy's at the run's temperature (the sampling distribution); an
+    # engine that records some at another one (LATR: its tree prefix at T = 1) needs pi_old recomputed
+    logprobs_at_run_temperature: ClassVar[bool] = True
     batch_size: int
     version: int = (
         0  # the policy version the engine's weights hold (the syncs so far): each sampled token's label

@@ -104,6 +104,8 @@ class Branch:
 class LATREngine(RolloutEngine):
     """Lookahead tree rollouts around a base engine."""
 
+    logprobs_at_run_temperature = False  # the tree prefix's are at T = 1 (module docstring)
+
     def __init__(
         self,
         policy: Policy,

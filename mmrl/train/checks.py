@@ -87,6 +87,16 @@ def check_components(cfg: Config) -> None:
         engine.check()
     except ImportError as e:
         raise ConfigError(f"rollout.engine {cfg.rollout.engine!r}: {e}") from None
+    if (
+        not engine.logprobs_at_run_temperature
+        and cfg.rollout.temperature != 1.0
+        and a.old_logprobs != "recompute"
+    ):
+        raise ConfigError(
+            f"rollout.engine {cfg.rollout.engine!r} at rollout.temperature {cfg.rollout.temperature:g}: part of each "
+            f"completion's log-probs are at T = 1, not the run's temperature, so pi_old taken from the rollout "
+            f"(algo.old_logprobs: {a.old_logprobs}) would be wrong for those tokens; set algo.old_logprobs: recompute"
+        )
     sampler = lookup(SAMPLERS, cfg.sampler.name, "sampler.name")
     est = lookup(ADVANTAGES, a.advantage, "algo.advantage")
     loss = lookup(LOSSES, a.loss, "algo.loss")
