@@ -29,17 +29,14 @@ import time
 from pathlib import Path
 
 import torch
-from episode_schedule import TINY, _Timed
+from episode_schedule import _Timed, latency_options, tasks, tiny_policy
 from latency_env import latency  # noqa: F401  (registers the env)
-from machine import describe, spread
-from PIL import Image
+from machine import spread
 
-from mmrl.config import EpisodeConfig, ModelConfig
+from mmrl.config import EpisodeConfig
 from mmrl.envs import EnvPool
-from mmrl.model.policy import Policy
 from mmrl.rollout import SamplingParams
 from mmrl.rollout.episodes import EpisodeDriver, Limits, reset_episodes
-from mmrl.types import Sample
 
 
 def run(policy, batches, args, across: bool, seed: int, root: Path) -> dict:
@@ -99,33 +96,15 @@ def run(policy, batches, args, across: bool, seed: int, root: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    latency_options(p, samples=4)
     p.add_argument("--batches", type=int, default=4)
-    p.add_argument("--samples", type=int, default=4)
-    p.add_argument("--n", type=int, default=2)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--workers", type=int, default=16)
-    p.add_argument("--median-s", type=float, default=0.5)
-    p.add_argument("--sigma", type=float, default=1.0)
-    p.add_argument("--min-ready", type=float, default=0.5)
     p.add_argument("--next-at", type=float, default=0.5)
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=4)
     args = p.parse_args()
-    print(describe())
-    policy = Policy.from_pretrained(ModelConfig(path=str(TINY), min_pixels=3136, max_pixels=3136))
+    policy = tiny_policy()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        Image.new("RGB", (56, 56), (200, 30, 30)).save(root / "task.png")
-        content = [{"type": "image"}, {"type": "text", "text": "Work the screen."}]
-        batches = [
-            [
-                Sample(
-                    f"b{b}task{i}", [{"role": "user", "content": content}], images=[str(root / "task.png")]
-                )
-                for i in range(args.samples)
-            ]
-            for b in range(args.batches)
-        ]
+        ids = [[f"b{b}task{i}" for i in range(args.samples)] for b in range(args.batches)]
+        batches = [tasks(root, row) for row in ids]
         run(policy, [batches[0][:2]], args, False, 999, root)  # warm-up (kernels, the processor)
         ratios = []
         for r in range(args.rounds):

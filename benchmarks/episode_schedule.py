@@ -75,9 +75,9 @@ def run(policy, samples, args, schedule: str, seed: int, root: Path) -> dict:
     return {"wall": wall, "calls": engine.calls, "engine_s": engine.seconds, "turns": turns}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--samples", type=int, default=8)
+def latency_options(p: argparse.ArgumentParser, samples: int) -> None:
+    """The options of a benchmark on the ``latency`` env (this one and :mod:`episode_batches`)."""
+    p.add_argument("--samples", type=int, default=samples)
     p.add_argument("--n", type=int, default=2)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--workers", type=int, default=16)
@@ -86,17 +86,28 @@ def main() -> None:
     p.add_argument("--min-ready", type=float, default=0.5)
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=4)
-    args = p.parse_args()
+
+
+def tasks(root: Path, ids: list[str]) -> list[Sample]:
+    """One task per id: a small red picture (written under ``root``) and "Work the screen."."""
+    Image.new("RGB", (56, 56), (200, 30, 30)).save(root / "task.png")
+    content = [{"type": "image"}, {"type": "text", "text": "Work the screen."}]
+    return [Sample(i, [{"role": "user", "content": content}], images=[str(root / "task.png")]) for i in ids]
+
+
+def tiny_policy() -> Policy:
     print(describe())
-    policy = Policy.from_pretrained(ModelConfig(path=str(TINY), min_pixels=3136, max_pixels=3136))
+    return Policy.from_pretrained(ModelConfig(path=str(TINY), min_pixels=3136, max_pixels=3136))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    latency_options(p, samples=8)
+    args = p.parse_args()
+    policy = tiny_policy()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        Image.new("RGB", (56, 56), (200, 30, 30)).save(root / "task.png")
-        content = [{"type": "image"}, {"type": "text", "text": "Work the screen."}]
-        samples = [
-            Sample(f"task{i}", [{"role": "user", "content": content}], images=[str(root / "task.png")])
-            for i in range(args.samples)
-        ]
+        samples = tasks(root, [f"task{i}" for i in range(args.samples)])
         run(policy, samples[:2], args, "lockstep", 999, root)  # warm-up (kernels, the processor)
         ratios, bounds = [], []
         for r in range(args.rounds):

@@ -15,15 +15,12 @@ import sys
 from pathlib import Path
 
 import episode_envs  # noqa: F401  (registers test_pictures)
-import numpy as np
 import pytest
 from multiproc import rollout_ids
-from PIL import Image
-from test_episode_schedule import _Echo, _sample
+from test_episode_schedule import _Echo, _sample, picture, pol  # noqa: F401  (fixtures)
 
-from mmrl.config import ConfigError, EpisodeConfig, ModelConfig, load_config
+from mmrl.config import ConfigError, EpisodeConfig, load_config
 from mmrl.envs import EnvPool
-from mmrl.model.policy import Policy
 from mmrl.rollout import SamplingParams
 from mmrl.rollout.episodes import EpisodeDriver, Limits, reset_episodes, run_episodes
 from mmrl.run.metrics import read_metrics
@@ -34,23 +31,15 @@ SETTINGS = EpisodeConfig(max_turns=5, env_options={"steps": 3, "hang_s": 1.0}, s
 PARAMS = SamplingParams(n=2, max_new_tokens=8)
 
 
-@pytest.fixture(scope="module")
-def pol(tiny_family):
-    return Policy.from_pretrained(
-        ModelConfig(path=str(tiny_family("qwen2_5_vl")), min_pixels=4 * 28 * 28, max_pixels=16 * 28 * 28)
-    )
-
-
-@pytest.fixture(scope="module")
-def picture(tmp_path_factory):
-    path = tmp_path_factory.mktemp("pictures") / "p.png"
-    Image.fromarray((np.random.default_rng(1).random((60, 40, 3)) * 255).astype(np.uint8)).save(path)
-    return str(path)
-
-
-def _reset(pol, pool, samples):
+def _reset(policy, pool, samples):
     return reset_episodes(
-        pol, pool, samples, [pol.encode(s) for s in samples], PARAMS.n, "test_pictures", SETTINGS.env_options
+        policy,
+        pool,
+        samples,
+        [policy.encode(s) for s in samples],
+        PARAMS.n,
+        "test_pictures",
+        SETTINGS.env_options,
     )
 
 
@@ -58,7 +47,7 @@ def _ids(trajs):
     return [[list(c.token_ids) for c in t.completions] for row in trajs for t in row]
 
 
-def test_the_next_batch_runs_while_this_ones_slowest_waits(pol, picture, tmp_path):
+def test_the_next_batch_runs_while_this_ones_slowest_waits(pol, picture, tmp_path):  # noqa: F811
     first = [_sample("slow", picture, hang=True), _sample("fast", picture)]
     second = [_sample("next", picture)]
     with EnvPool(tmp_path / "across", workers=6, timeout_s=30) as pool:
@@ -97,7 +86,7 @@ def test_the_next_batch_runs_while_this_ones_slowest_waits(pol, picture, tmp_pat
     assert _ids(b1) == _ids(alone[0]) and _ids(b2) == _ids(alone[1])
 
 
-def test_episodes_the_driver_ends_are_closed_while_another_batch_steps(pol, picture, tmp_path):
+def test_episodes_the_driver_ends_are_closed_while_another_batch_steps(pol, picture, tmp_path):  # noqa: F811
     """An episode ended by a limit (here max_turns 2 of an env that would go on) is closed in the pool without
     waiting: run(1) returns while batch 2's slow steps run, and by the end of run(2) its envs are gone."""
     settings = EpisodeConfig(max_turns=2, env_options={"steps": 3, "hang_s": 1.0}, schedule="continuous")
@@ -116,7 +105,7 @@ def test_episodes_the_driver_ends_are_closed_while_another_batch_steps(pol, pict
         assert pool.live == [] and pool.in_flight == 0
 
 
-def test_a_failure_closes_the_episodes_of_every_batch(pol, picture, tmp_path):
+def test_a_failure_closes_the_episodes_of_every_batch(pol, picture, tmp_path):  # noqa: F811
     class _Fails(_Echo):
         def generate(self, prompts, params):
             if len(self.calls) == 2:
