@@ -89,7 +89,7 @@ def main() -> None:
             )
             train = [r for r in rows if "entropy" in r]
             ent = [r["entropy"] for r in train]
-            key = "eval/reward" if a.recipe == "table2latex" else "eval/accuracy"
+            key = "eval/reward_mean" if a.recipe == "table2latex" else "eval/accuracy"
             evals = [r[key] for r in sorted(rows, key=lambda r: r["step"]) if key in r]
             tail = ent[-max(1, len(ent) // 3) :]
             hot = [r["aepo/temperature"] > 1.0 for r in train if "aepo/temperature" in r]
