@@ -174,7 +174,11 @@ def test_zoom_batches_start_early_draw_the_same_prompts_and_resume_after_sigkill
     for r in rows:  # never more than one version old, whether a batch started early or not
         assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"] <= 1
         assert r["episode/errors"] == 0
-    assert rows[0]["async/started_early"] == 0 and sum(r["async/started_early"] for r in rows) >= 2
+    # batch 2 starts early on every run: its bound (the warm start's weights, one version behind) holds from the
+    # first poll of batch 1's episodes, and next_batch_at 1.0 asks no more. Whether a later batch t + 1 starts early
+    # depends on the clock (the update of step t - 1 ending before batch t's last episode), so it is not asserted;
+    # test_the_next_batch_runs_while_this_ones_slowest_waits shows that case with an env that sleeps
+    assert [r["async/started_early"] for r in rows[:2]] == [0, 1]
     # the same prompts, step by step, as the producer that starts each batch after the previous one ended
     plain = _zoom(tmp_path / "plain")
     assert plain.returncode == 0, plain.stderr[-3000:]
