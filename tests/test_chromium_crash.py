@@ -243,6 +243,44 @@ def test_a_browser_episode_goes_on_through_crashes(tmp_path, crash_at, how):
 
 
 @chromium
+def test_the_other_live_episodes_go_on_after_a_relaunch_under_one(tmp_path):
+    """Two live episodes of one process share its browser. It dies under the first one's step, which relaunches it
+    (a new Playwright driver: the second one's page went with the old one, and a call on it raises "Event loop is
+    closed", which names no crash). The second one opens a new page and replays its actions before its next
+    oracle query and step, and both reach the states and rewards of episodes run without the crash."""
+    samples = [
+        Sample(id="shop-3", messages=[], metadata={"app": "shop", "seed": 3}),
+        Sample(id="mail-0", messages=[], metadata={"app": "mail", "seed": 0}),
+    ]
+    clean = []
+    for s in samples:
+        env = BrowserAppEnv(workdir=tmp_path / f"clean-{s.id}")
+        clean.append(_oracle_episode(env, s))
+        env.close()
+    envs = [BrowserAppEnv(workdir=tmp_path / f"crashed-{s.id}") for s in samples]
+    got = [([env.reset(s).state_key], []) for env, s in zip(envs, samples)]
+    ended = [False, False]
+    turn = 0
+    while not all(ended):
+        if turn == 1:  # each has taken one step; the browser dies before the first one's second
+            _kill_browser()
+        for i, env in enumerate(envs):
+            if ended[i]:
+                continue
+            result = env.step(f"<answer>[{env.oracle_action()!r}]</answer>")
+            assert "error" not in result.info, result.info
+            got[i][1].append(result.reward)
+            ended[i] = result.done
+            if not result.done:
+                got[i][0].append(result.observation.state_key)
+        turn += 1
+    for env in envs:
+        env.close()
+    assert [list(g) for g in got] == [list(c) for c in clean]
+    assert all(len(keys) >= 3 for keys, _ in clean)  # both were live when the browser died
+
+
+@chromium
 def test_a_browser_episode_chromium_keeps_crashing_under_fails_alone_with_the_reason(tmp_path, crash_at):
     """In a pool of two live episodes, the one whose page always crashes ends with the crash as its error; the
     other, sharing the browser, succeeds."""

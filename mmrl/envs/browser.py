@@ -18,7 +18,8 @@ A crash of the page's renderer or of the browser is survived (:meth:`HtmlRendere
 opens a new page (in a new browser when it died), does its valid actions so far again, and retries its reset, step
 or oracle query; after ``crash_retries`` more crashes in a row it raises
 :class:`~mmrl.rewards.html_sandbox.ChromiumCrash` naming the sample, the step and every crash, which ends that
-episode alone (the pool's ``info["error"]``).
+episode alone (the pool's ``info["error"]``). A relaunch takes the other live episodes' pages along (the old
+Playwright driver stops); each opens a new page and replays its actions before its next step or oracle query.
 The page is set from a string, never a URL, so no ``file:`` page exists and Chromium refuses ``file:`` loads from
 it. Typed text is untrusted: it only reaches the page through key events into the focused text
 field, and the app shows text from its state as text nodes only, so markup or URLs typed stay text.
@@ -86,7 +87,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mmrl.envs.base import Env, Observation, StepResult, register_env
 from mmrl.processors.geometry import DEFAULT_FRAME, frame_to_original, original_to_frame
@@ -94,6 +95,7 @@ from mmrl.rewards.gui import parse_literal
 from mmrl.rewards.html_sandbox import HtmlRenderer
 from mmrl.types import Sample
 
+T = TypeVar("T")
 DEFAULT_VIEWPORT = (480, 360)
 DEFAULT_APPS = "mmrl.recipes.gui_agent.apps:make_app"
 EXPECTED = (
@@ -275,6 +277,13 @@ class AppBrowser(HtmlRenderer):
         self._live[id(context)] = held
         return held[0], held[1]
 
+    def holds(self, context: Any) -> bool:
+        """Whether ``context`` is a live context of the running browser. A relaunch (after a crash under any episode
+        of this process) stops the old Playwright driver, so the other live episodes' pages are gone with it: a call
+        on one raises Playwright's "Event loop is closed", which names no crash. Those episodes open a new page and
+        replay their actions before they act (:meth:`BrowserAppEnv._live`)."""
+        return self._browser is not None and not self._browser_dead and context.browser is self._browser
+
     def close_context(self, context: Any) -> None:
         """Release ``context``: its page goes back to the free list after a navigation to ``about:blank``, or the
         context is closed (the browser is killed, and relaunched for the next episode, if that hangs). A context
@@ -446,7 +455,9 @@ class BrowserAppEnv(Env):
         except Invalid as bad:
             return self._invalid(str(bad))
         what = f"{self.what}: step {self.steps}"
-        result = shared_browser().retry_crashes(lambda: self._act(action, point), what, self._load)
+        result = shared_browser().retry_crashes(
+            lambda: self._live(self._act, action, point), what, self._load
+        )
         self.history.append((action, point))
         return result
 
@@ -492,7 +503,7 @@ class BrowserAppEnv(Env):
         """The oracle's next action in the gui schema, coordinates in page pixels (the ``original_pixels``
         frame); a scroll when its element is off screen; None when the task is done or cannot be finished."""
         what = f"{self.what}: the oracle after step {self.steps}"
-        return shared_browser().retry_crashes(lambda: self._next()[1], what, self._load)
+        return shared_browser().retry_crashes(lambda: self._live(self._next)[1], what, self._load)
 
     def oracle(self) -> str | None:
         """The oracle's next action as the model writes it, in its frame (module docstring); None when there is
@@ -501,6 +512,14 @@ class BrowserAppEnv(Env):
         return None if action is None else action_response(action, self.frame, self.viewport, self.model_size)
 
     # -- helpers ------------------------------------------------------------------------------------------------
+
+    def _live(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a page of the running browser: when the browser was relaunched since this episode's page
+        was opened (a crash under another episode of this process), the page is opened again and the episode's
+        actions replayed first, as after a crash under this one."""
+        if self.context is None or not shared_browser().holds(self.context):
+            self._load()
+        return fn(*args)
 
     def _first(self) -> Path:
         self._load()
