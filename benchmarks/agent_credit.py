@@ -1,7 +1,7 @@
 """Step credit and entropy methods on the multi-turn tiny recipes (issue 37), at equal episodes: each method is the
 recipe unchanged but for its ``algo`` keys, trained from the shipped warm start for the same seeds and steps.
 
-    OMP_NUM_THREADS=1 python benchmarks/agent_credit.py zoom [--methods gigpo episode_grpo salt epo igpo]
+    OMP_NUM_THREADS=1 python benchmarks/agent_credit.py zoom [--methods gigpo episode_grpo salt salt_prefix epo igpo]
         [--seeds 0 1 2] [--steps N] [--out runs/agent_credit_zoom] [key=value ...]
 
 Per method and seed it prints the held-out ``success`` and ``step_accuracy`` (greedy episodes, the validator's:
@@ -27,7 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 METHODS: dict[str, list[str]] = {
     "gigpo": ["algo.advantage=gigpo"],
     "episode_grpo": ["algo.advantage=episode_grpo"],
-    "salt": ["algo.advantage=salt"],
+    "salt": ["algo.advantage=salt"],  # merging steps by state, its default
+    # the prefix-tree key: a merged step has the same context and tokens in every trajectory of its node, so
+    # on-policy the update is episode_grpo's (docs/credit.md#salt); kept to show that
+    "salt_prefix": ["algo.advantage=salt", "algo.advantage_options.key=prefix"],
     "epo": ["algo.advantage=gigpo", "algo.loss=epo"],
     "igpo": ["algo.advantage=igpo"],
 }

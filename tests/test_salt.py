@@ -75,7 +75,7 @@ def paint(per_step: list[list[float]]) -> torch.Tensor:
 
 
 def test_prefix_keys_hand_values():
-    adv, stats = ADVANTAGES.get("salt")(10)(make_input())
+    adv, stats = ADVANTAGES.get("salt")(10, key="prefix")(make_input())
     a = A
     expected = [
         [a / 3, a, a],  # (s0,2,s1) is shared by T0 T1 T2: (a + a - a) / 3; (s1,2,s3) after it by T0 T1: a
@@ -110,7 +110,7 @@ def test_state_keys_merge_across_histories():
 
 
 def test_rloo_base():
-    adv, _ = ADVANTAGES.get("salt")(10, base="rloo")(make_input())
+    adv, _ = ADVANTAGES.get("salt")(10, base="rloo", key="prefix")(make_input())
     # task 0: A = 1 - 1/3 = 2/3 or 0 - 2/3 = -2/3; task 1: [1, -1/3, -1/3, -1/3]
     b = 2 / 3
     expected = [
@@ -168,7 +168,7 @@ def test_single_turn_fallback_is_grpo_and_rloo():
 def test_options_state_and_registration():
     assert ADVANTAGES.get("salt") is SALT and "salt" in ADVANTAGES.names()
     est = ADVANTAGES.get("salt")(10, eps=1e-6)
-    assert (est.base, est.key, est.min_group_size, est.needs_entropy) == ("grpo", "prefix", 2, False)
+    assert (est.base, est.key, est.min_group_size, est.needs_entropy) == ("grpo", "state", 2, False)
     assert est.state_dict() == {}
     with pytest.raises(ValueError, match="keeps no state"):
         est.load_state_dict({"nodes": {}})
@@ -242,3 +242,34 @@ def test_the_episode_driver_records_each_turns_action_key():
     v.add_completion(Completion([5, 6], "", [0.0, 0.0], "stop"))
     ka, kb, kc = (x.turns[0].action_key for x in (t, u, v))
     assert ka and ka == kc and ka != kb
+
+
+def test_prefix_merging_leaves_the_on_policy_gradient_episode_grpos():
+    """With ``key: prefix`` the trajectories of a node share its whole history and its action, so a policy gives
+    their step tokens the same log-probs; averaging A over the node keeps its sum, and the on-policy token-mean
+    gradient (ratio 1) equals episode-level GRPO's. ``key: state`` merges steps of different histories and moves it
+    (docs/credit.md#salt; on gui_agent the logged losses of the two agree to 1e-6 until sampling first parts)."""
+    inp = make_input()
+    rows = turns()
+    grpo = paint(
+        [[A if r else -A for _ in row] for row, r in zip(PATHS[:4], REWARDS[0])] + [[v] * 2 for v in TASK1]
+    )
+
+    def gradient(adv: torch.Tensor) -> torch.Tensor:
+        # one log-prob parameter per (task, history and action so far, token): what a policy can tell apart
+        index: dict = {}
+        ids = torch.zeros(len(rows), T, dtype=torch.long)
+        for i, row in enumerate(rows):
+            for turn, key in zip(row, step_keys(row, i % 4, "prefix")):
+                for k in range(turn.start, turn.end):
+                    ids[i, k] = index.setdefault((i // 4, key, k - turn.start), len(index) + 1)
+        theta = torch.zeros(len(index) + 1, requires_grad=True)
+        logp = theta[ids] * inp.mask
+        (-(adv * logp).sum() / inp.mask.sum()).backward()
+        return theta.grad
+
+    prefix, _ = ADVANTAGES.get("salt")(10, key="prefix")(inp)
+    state, _ = ADVANTAGES.get("salt")(10)(inp)  # the default
+    assert not torch.allclose(prefix, grpo)  # the step advantages differ ...
+    assert torch.allclose(gradient(prefix), gradient(grpo), atol=1e-6)  # ... the gradient does not
+    assert not torch.allclose(gradient(state), gradient(grpo), atol=1e-3)

@@ -19,10 +19,12 @@ of the action: its number of tokens n_t and the observation s_{t+1} it led to (i
 state and action give equal next state), the last step never merged (it shows no next observation): below, read
 a_t as (n_t, s_{t+1}) for them.
 
-- ``key: prefix`` (default): k_it = ((s_0, a_0), ..., (s_t, a_t)), the whole history up to and including this step:
-  the graph is the prefix tree of the group's trajectories.
-- ``key: state``: k_it = (s_t, a_t) alone, GiGPO-style anchor states: histories that reach the same state and act
-  alike merge. A trajectory that passes a node twice counts once in its mean.
+- ``key: state`` (default): k_it = (s_t, a_t) alone, GiGPO-style anchor states: histories that reach the same state
+  and act alike merge. A trajectory that passes a node twice counts once in its mean.
+- ``key: prefix``: k_it = ((s_0, a_0), ..., (s_t, a_t)), the whole history up to and including this step: the graph
+  is the prefix tree of the group's trajectories. The members of a node then share the step's whole context and
+  tokens, so averaging their A keeps the node's sum and the on-policy token-mean gradient is ``episode_grpo``'s
+  (docs/credit.md#salt): not the default for that reason.
 
 Single-turn data (``turns is None``): every row is one step, its last, so ``salt`` gives exactly ``grpo`` (or ``rloo``)
 on every response token.
@@ -95,7 +97,7 @@ class SALT(TurnEstimator):
     scale_invariant = False  # rloo's advantages scale with the rewards
     shift_invariant = True  # both bases centre the rewards; the keys do not read them
 
-    def __init__(self, num_records: int, *, eps: float = 1e-6, base: Base = "grpo", key: Key = "prefix"):
+    def __init__(self, num_records: int, *, eps: float = 1e-6, base: Base = "grpo", key: Key = "state"):
         super().__init__(num_records, eps=eps)
         if base not in BASES:
             raise ValueError(
