@@ -53,6 +53,11 @@ _CHROMIUM_ARGS = [
     *"--no-sandbox --disable-gpu --disable-background-networking --disable-component-update --disable-sync".split(),
     *"--no-first-run --disable-quic --disable-dev-shm-usage".split(),
     "--host-resolver-rules=MAP * ~NOTFOUND",
+    # Same page, same pixels (docs/agents.md, "The browser env's pixels"): with partial raster on, a screenshot
+    # after an action sometimes differs from a fresh build's by a few anti-aliased edge pixels (a button's rounded
+    # corners); the gui data builder built twice under CI-like load differed in 5 of 32 tries, 0 of 31 with these.
+    "--disable-partial-raster",
+    "--disable-checker-imaging",
 ]
 _TEXT_JS = "() => document.body ? document.body.innerText : ''"
 _PAGE_SIZE_JS = "() => [document.documentElement.scrollWidth, document.documentElement.scrollHeight]"
