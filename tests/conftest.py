@@ -18,18 +18,31 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_family(tmp_path_factory):
     """``tiny_family(NAME)``: a tiny random checkpoint of a VLM family (``mmrl build-tiny --family NAME``), built once
-    per test session; the shipped tiny Qwen2.5-VL for ``qwen2_5_vl``."""
+    per test session; the shipped tiny Qwen2.5-VL for ``qwen2_5_vl``. Under pytest-xdist the workers share one build
+    folder (the session's root temp folder, new each session) and a file lock per family, so that each family is
+    built once rather than once per worker; the build is deterministic (seed 0) and lands by an atomic rename."""
     from pathlib import Path
+
+    from filelock import FileLock
 
     from mmrl.tiny.build import build_tiny
 
-    root, built = tmp_path_factory.mktemp("families"), {}
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent / "families"
+        root.mkdir(exist_ok=True)
+    else:
+        root = tmp_path_factory.mktemp("families")
+    built = {}
 
     def get(family: str) -> Path:
         if family == "qwen2_5_vl":
             return Path(__file__).resolve().parents[1] / "assets" / "tiny-qwen2.5-vl"
         if family not in built:
-            built[family] = build_tiny(root / family, seed=0, family=family)
+            out = root / family
+            with FileLock(str(root / f"{family}.lock")):
+                built[family] = (
+                    out if (out / "config.json").is_file() else build_tiny(out, seed=0, family=family)
+                )
         return built[family]
 
     return get

@@ -4,7 +4,7 @@ rank, for tests/test_faults.py. FAULT is ``kind:rank:step``:
 - ``kill:R:S``: rank R SIGKILLs itself in the middle of step S's update (after the first micro-batch's backward
   started the gradient all-reduce, so the peers are inside a collective with it);
 - ``stop:R:S``: rank R SIGSTOPs itself at the same point (alive but silent: its peers wait out the collective
-  timeout);
+  timeout); a watcher SIGKILLs it once the launcher has sent it SIGTERM, instead of torchrun's 30 s grace;
 - ``raise:R:S``: rank R raises ``torch.OutOfMemoryError`` at the start of step S's update (an OOM, a bad record);
 - ``kill_saving:R:S``: rank R SIGKILLs itself while writing step S's checkpoint: rank 0 after every file is written
   and before the staging folder is promoted, another rank after writing its optimizer shard (FSDP);
@@ -34,6 +34,32 @@ def main() -> None:
     sys.exit(mmrl_main(args))
 
 
+# Watches a stopped rank: once a SIGTERM is pending on it (the launcher asking it to end, which a stopped process
+# cannot act on), SIGKILL it. torchrun would do the same after its own 30 s grace period, a wait the test has no use
+# for; the rank still ends only after the launcher asked. Bit 14 of the pending masks is SIGTERM (signal 15).
+_WATCH = """
+import os, signal, sys, time
+pid = int(sys.argv[1])
+while True:
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        break
+    masks = [int(line.split()[1], 16) for line in status.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))]
+    if any(m & (1 << (signal.SIGTERM - 1)) for m in masks):
+        os.kill(pid, signal.SIGKILL)
+        break
+    time.sleep(0.1)
+"""
+
+
+def _end_when_asked(pid: int) -> None:
+    """Start the watcher of ``pid`` in its own session, out of reach of the launcher's process-group kill."""
+    import subprocess
+
+    subprocess.Popen([sys.executable, "-c", _WATCH, str(pid)], start_new_session=True)
+
+
 def install(kind: str, step: int) -> None:
     from mmrl.run import checkpoint
     from mmrl.train import update
@@ -53,6 +79,8 @@ def install(kind: str, step: int) -> None:
         def micro_step(self, *a, **kw):
             out = micro(self, *a, **kw)
             if getattr(self, "_fault_now", False):
+                if kind == "stop":
+                    _end_when_asked(os.getpid())
                 os.kill(os.getpid(), signal.SIGSTOP if kind == "stop" else signal.SIGKILL)
             return out
 

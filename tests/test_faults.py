@@ -35,10 +35,17 @@ def _train(cfg: Path, out: Path, *args: str, cwd: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The shapes run config and each layout's uninterrupted 6-step run (checkpoints every 2 steps)."""
+def faults_cfg(tmp_path_factory):
+    """A folder and the shapes run config in it."""
     tmp = tmp_path_factory.mktemp("faults")
-    cfg = shapes_run_config(tmp, micro_batch_size=4)
+    return tmp, shapes_run_config(tmp, micro_batch_size=4)
+
+
+@pytest.fixture(scope="module")
+def runs(faults_cfg):
+    """The shapes run config and each layout's uninterrupted 6-step run (checkpoints every 2 steps); the tests that
+    use them are one xdist group, so that one worker trains them once."""
+    tmp, cfg = faults_cfg
     full = {}
     for layout, extra in (("ddp", []), ("fsdp", ["train.fsdp=true"])):
         out = tmp / f"full-{layout}"
@@ -82,6 +89,7 @@ def _root_cause(stderr: str) -> str:
     return stderr.split("Root Cause (first observed failure)", 1)[1]
 
 
+@pytest.mark.xdist_group("faults_full_runs")
 @pytest.mark.parametrize(
     "layout,fault,saved",
     [
@@ -114,8 +122,8 @@ def test_a_rank_killed_stops_the_job_names_it_and_resume_continues_exactly(runs,
     assert not list(ckpts.glob("*.tmp"))  # the stale staging folder was replaced and promoted
 
 
-def test_a_rank_that_raises_ends_the_job_with_its_error_first(runs):
-    tmp, cfg, _ = runs
+def test_a_rank_that_raises_ends_the_job_with_its_error_first(faults_cfg):
+    tmp, cfg = faults_cfg
     r, _ = _faulty(tmp, cfg, tmp / "raise", "raise:1:3", [])
     assert r.returncode != 0
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 200.00 GiB (injected by the test)"
@@ -129,13 +137,14 @@ def test_a_rank_that_raises_ends_the_job_with_its_error_first(runs):
     )  # ended by its error, not by an abort in the interpreter's teardown (134)
 
 
-def test_a_rank_that_stops_answering_ends_the_job_after_the_collective_timeout(runs):
+def test_a_rank_that_stops_answering_ends_the_job_after_the_collective_timeout(faults_cfg):
     """Rank 1 is SIGSTOPped inside step 3's update (alive, silent): rank 0's collective gives up after
     train.dist_timeout_s (20 s here) and says which rank did not answer; the launcher then ends the stopped rank; the
-    job ends, failed, instead of hanging."""
-    tmp, cfg, _ = runs
+    job ends, failed, instead of hanging (tests/fault_launch.py's watcher ends it as soon as the launcher asks)."""
+    tmp, cfg = faults_cfg
     r, seconds = _faulty(tmp, cfg, tmp / "stop", "stop:1:3", ["train.dist_timeout_s=20"])
     assert r.returncode != 0
+    assert seconds >= 20  # the collective timeout really elapsed
     assert "mmrl: rank 0 of 2 stops" in r.stderr, r.stderr[-3000:]
     assert (
         "mmrl: 1 did not answer a collective within train.dist_timeout_s = 20 s (the process is stopped"
@@ -143,7 +152,7 @@ def test_a_rank_that_stops_answering_ends_the_job_after_the_collective_timeout(r
     )
     print(
         f"stopped rank: the job ended after {seconds:.0f} s"
-    )  # for the record: timeout + the launcher's grace
+    )  # for the record: start-up, 2 steps and the timeout
 
 
 def _faulty_finishes(cwd: Path, cfg: Path | str, out: Path, fault: str, *args: str) -> None:
@@ -151,25 +160,32 @@ def _faulty_finishes(cwd: Path, cfg: Path | str, out: Path, fault: str, *args: s
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("fault", ["kill_reward_worker:1:3", "kill_idle_reward_worker:1:3"])
-def test_a_reward_worker_killed_costs_nothing(tmp_path, fault):
-    """A heavy reward's worker dies on rank 1, mid-chunk or idle between two calls: the pool is rebuilt, what was in
-    flight re-scored, the run finishes with every metric equal to the uninterrupted run's; the restart is counted
-    (summed over the ranks)."""
-    cfg = shapes_run_config(tmp_path, micro_batch_size=8)
+@pytest.fixture(scope="module")
+def reward_run(tmp_path_factory):
+    """A config with a slow reward in a worker pool beside exact_match, and its uninterrupted 3-step run."""
+    tmp = tmp_path_factory.mktemp("reward_faults")
+    cfg = shapes_run_config(tmp, micro_batch_size=8)
     plugin = ROOT / "tests" / "fault_rewards.py"
     text = cfg.read_text().replace(
         "rewards: [{name: exact_match}]",
         f'rewards: [{{name: exact_match}}, {{name: "{plugin}:slow_parity", weight: 0.5}}]',
     )
     cfg.write_text(text)
-    _train(cfg, tmp_path / "full", "--max-steps", "3", cwd=tmp_path)
-    _faulty_finishes(tmp_path, cfg, tmp_path / "killed", fault, "--max-steps", "3")
-    full, killed = (
-        read_metrics(tmp_path / "full" / "metrics.jsonl"),
-        read_metrics(tmp_path / "killed" / "metrics.jsonl"),
-    )
-    assert _rows(tmp_path / "killed") == _rows(tmp_path / "full")
+    _train(cfg, tmp / "full", "--max-steps", "3", cwd=tmp)
+    return tmp, cfg
+
+
+@pytest.mark.xdist_group("faults_reward_run")
+@pytest.mark.parametrize("fault", ["kill_reward_worker:1:3", "kill_idle_reward_worker:1:3"])
+def test_a_reward_worker_killed_costs_nothing(reward_run, fault):
+    """A heavy reward's worker dies on rank 1, mid-chunk or idle between two calls: the pool is rebuilt, what was in
+    flight re-scored, the run finishes with every metric equal to the uninterrupted run's; the restart is counted
+    (summed over the ranks)."""
+    tmp, cfg = reward_run
+    killed_dir = tmp / f"killed-{fault.split(':')[0]}"
+    _faulty_finishes(tmp, cfg, killed_dir, fault, "--max-steps", "3")
+    full, killed = read_metrics(tmp / "full" / "metrics.jsonl"), read_metrics(killed_dir / "metrics.jsonl")
+    assert _rows(killed_dir) == _rows(tmp / "full")
     assert sum(r.get("sys/reward_pool_restarts", 0) for r in killed) >= 1
     assert sum(r.get("sys/reward_pool_restarts", 0) for r in full) == 0
     assert "reward/fault_slow_parity" in full[1]

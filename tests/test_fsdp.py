@@ -107,7 +107,7 @@ def test_sharded_run_resumes_exactly_and_saves_full_weights(tmp_path):
     """A 2-process FSDP2 shapes run (with VADE, KL and evaluation) completes; stopped at step 2 and resumed it
     writes the same metrics as the uninterrupted run; its checkpoint is full HF weights that transformers loads and
     that equal the uninterrupted run's; and until the first update it sees what the unsharded 2-process run sees
-    (same initial evaluation, same first rollouts and rewards)."""
+    (same initial evaluation, same first rollouts and rewards, same image check)."""
     cfg = shapes_run_config(tmp_path, micro_batch_size=4)
     run = ["-m", "mmrl", "train", str(cfg), "--output-dir"]
     torchrun(2, *run, str(tmp_path / "full"), "--max-steps", "4", "train.fsdp=true", cwd=tmp_path)
@@ -129,6 +129,12 @@ def test_sharded_run_resumes_exactly_and_saves_full_weights(tmp_path):
     for key in ("reward/mean", "rollout/groups_with_signal", "response_length/mean"):
         assert full[1][key] == ddp[1][key], key
     assert full[1]["loss"] == pytest.approx(ddp[1]["loss"], rel=1e-4, abs=1e-6)
+    # the image check (at step 1): 2 FSDP2 ranks run its forwards together (collectives) on the same rows and log
+    # what 2 DDP ranks, which sample the same first batch, log
+    sanity = [k for k in ddp[1] if k.startswith("sanity/")]
+    assert "sanity/image_sensitivity" in sanity and ddp[1]["sanity/image_sensitivity"] > 1e-6
+    for k in sanity:
+        assert full[1][k] == pytest.approx(ddp[1][k], rel=1e-4, abs=1e-7), k
     weights = {}
     for name in ("full", "split"):
         model = AutoModelForImageTextToText.from_pretrained(

