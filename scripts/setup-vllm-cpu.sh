@@ -36,10 +36,8 @@ rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-# quiet unless it fails; --no-compile: no byte-compiling of every installed module (torch's alone are thousands);
-# Python compiles what is imported on first import
-pip_install() {
-  if ! "$VENV/bin/python" -m pip install --progress-bar off --no-compile "$@" >"$work/pip.log" 2>&1; then
+pip_install() {  # quiet unless it fails
+  if ! "$VENV/bin/python" -m pip install --progress-bar off "$@" >"$work/pip.log" 2>&1; then
     cat "$work/pip.log" >&2
     echo "setup-vllm-cpu: pip install $* failed" >&2
     exit 1
